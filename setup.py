@@ -1,0 +1,38 @@
+"""Packaging for tfdtape.
+
+TensorFlow is not in install_requires: pip would pull a second TensorFlow in
+beside an installed tensorflow-cpu. Pick the distribution with an extra:
+`pip install tfdtape[cpu]` or `pip install tfdtape[tensorflow]`.
+"""
+
+import pathlib
+import runpy
+
+import setuptools
+
+_HERE = pathlib.Path(__file__).parent
+_VERSIONS = runpy.run_path(str(_HERE / "tfdtape" / "versions.py"))
+_TENSORFLOW = _VERSIONS["TENSORFLOW_REQUIREMENT"]
+
+setuptools.setup(
+    name="tfdtape",
+    version=_VERSIONS["RELEASE"],
+    description=("Gradient tapes that watch tf.distribute variables: "
+                 "TensorFlow's 'Make defun work under distributed strategies' "
+                 "as a patch of installed TensorFlow."),
+    long_description=(_HERE / "README.md").read_text(encoding="utf-8"),
+    long_description_content_type="text/markdown",
+    packages=["tfdtape"],
+    python_requires=">=3.9",
+    install_requires=["absl-py>=1.0"],
+    extras_require={
+        "cpu": [f"tensorflow-cpu{_TENSORFLOW}"],
+        "tensorflow": [f"tensorflow{_TENSORFLOW}"],
+        "test": ["pytest>=7"],
+    },
+    license="Apache-2.0",
+    classifiers=[
+        "Programming Language :: Python :: 3",
+        "Topic :: Scientific/Engineering :: Artificial Intelligence",
+    ],
+)

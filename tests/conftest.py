@@ -1,0 +1,42 @@
+"""Test session set-up: one device layout (4 virtual CPUs) for the process.
+
+TensorFlow fixes its logical devices when its runtime starts, so the layout is
+chosen here, once; tests that need another layout run in a subprocess.
+"""
+
+import os
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+
+import pytest  # pylint: disable=g-import-not-at-top
+import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
+import tfdtape  # pylint: disable=g-import-not-at-top
+from tfdtape import testing  # pylint: disable=g-import-not-at-top
+
+REPLICAS = 4
+DEVICES = testing.virtual_cpus(REPLICAS)
+
+
+@pytest.fixture(scope="session")
+def strategy():
+    """MirroredStrategy over the session's 4 virtual CPUs."""
+    return tf.distribute.MirroredStrategy(DEVICES)
+
+
+@pytest.fixture(params=testing.CONFIGURATIONS)
+def configuration(request):
+    """Runs the test in each configuration; yields the configuration's name."""
+    with testing.configuration(request.param):
+        yield request.param
+
+
+@pytest.fixture(autouse=True)
+def state_is_restored():
+    """Every test leaves tfdtape installed and TensorFlow's resolver registered."""
+    assert tfdtape.is_installed()
+    assert testing.native_resolver_is_registered()
+    yield
+    assert tfdtape.is_installed(), "a test left tfdtape uninstalled"
+    assert testing.native_resolver_is_registered(), (
+        "a test left TensorFlow's native resolver unregistered")

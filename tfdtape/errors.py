@@ -1,0 +1,49 @@
+"""tfdtape's exceptions and the one shape all its messages take.
+
+Every message reads
+``tfdtape: <what failed> (<TensorFlow symbol>): expected <X>, found <Y> in
+TensorFlow <version>. <what to do>.``
+so a user can tell at a glance what broke, where, on which TensorFlow, and
+what to try next. This module must not import TensorFlow.
+"""
+
+import sys
+
+
+class UnsupportedTensorFlowError(RuntimeError):
+    """An internal that tfdtape patches is missing or has an unexpected shape.
+
+    Raised by `tfdtape.install()` before anything is patched.
+    """
+
+
+class PatchConflictError(RuntimeError):
+    """Something other than tfdtape replaced a function tfdtape patched.
+
+    Raised by `tfdtape.uninstall()` instead of overwriting the other patch;
+    nothing is restored when it is raised.
+    """
+
+
+class NotWatchableError(TypeError, ValueError):
+    """A gradient tape was asked to watch something that is not watchable.
+
+    A TypeError, and also a ValueError because TensorFlow's own
+    `GradientTape.watch` raises ValueError for such input.
+    """
+
+
+def tensorflow_version():
+    """The running TensorFlow's version string, or 'unknown' before import."""
+    tf_module = sys.modules.get("tensorflow")
+    version = getattr(tf_module, "__version__", None)
+    if version is None:
+        version_module = sys.modules.get("tensorflow.python.framework.versions")
+        version = getattr(version_module, "__version__", "unknown")
+    return version
+
+
+def message(failed, symbol, expected, found, remedy):
+    """Formats one tfdtape error message in the shape the module doc gives."""
+    return (f"tfdtape: {failed} ({symbol}): expected {expected}, found {found} "
+            f"in TensorFlow {tensorflow_version()}. {remedy.rstrip('.')}.")

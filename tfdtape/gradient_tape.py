@@ -1,0 +1,158 @@
+"""Replacements for `tf.GradientTape.watch` and `tf.GradientTape.gradient`.
+
+TensorFlow's own versions touch `DistributedVariable.handle`, which raises
+outside replica context, so in cross-replica context a distributed variable
+can be neither watched nor differentiated. These versions make both work:
+`watch` hands the variable to `tape.watch_variable`, which resolves it to its
+components, and `gradient` differentiates with respect to those components
+and returns their total. In replica context, and with no strategy, both behave
+as TensorFlow's do.
+"""
+
+import functools
+
+from tensorflow.python.distribute import distribute_lib
+from tensorflow.python.distribute import values_util
+from tensorflow.python.eager import backprop_util
+from tensorflow.python.eager import tape as tape_module
+from tensorflow.python.framework import composite_tensor
+from tensorflow.python.framework import indexed_slices
+from tensorflow.python.framework import ops
+from tensorflow.python.framework import type_spec
+from tensorflow.python.ops import array_ops
+from tensorflow.python.ops import math_ops
+from tensorflow.python.ops import variables
+from tensorflow.python.ops.unconnected_gradients import UnconnectedGradients
+from tensorflow.python.platform import tf_logging as logging
+from tensorflow.python.util import _pywrap_utils
+from tensorflow.python.util import nest
+
+from tfdtape import errors
+from tfdtape import resolution
+
+_WATCH_SYMBOL = "tf.GradientTape.watch"
+_GRADIENT_SYMBOL = "tf.GradientTape.gradient"
+
+
+def watch(self, tensor):
+    """Ensures that `tensor` (a tensor, variable or nested structure) is traced.
+
+    Distributed variables are watched as `tfdtape.resolve` resolves them: the
+    container in replica context, every local component in cross-replica
+    context. Everything in `tensor` is checked before anything is watched.
+
+    Raises:
+        tfdtape.errors.NotWatchableError: a ValueError (as TensorFlow raises)
+            and TypeError, when `tensor` holds something that is neither a
+            tensor nor a variable; nothing is watched then.
+    """
+    for item in _watchables(tensor):
+        if not backprop_util.IsTrainable(item):
+            logging.log_first_n(
+                logging.WARN, "GradientTape.watch: a tensor of dtype %r has "
+                "no gradient; watch floating-point tensors only.", 5, item.dtype)
+        if resolution.is_distributed_variable(item) or hasattr(item, "handle"):
+            tape_module.watch_variable(self._tape, item)  # pylint: disable=protected-access
+        else:
+            tape_module.watch(self._tape, item)  # pylint: disable=protected-access
+
+
+def _watchables(structure):
+    """The tensors and variables in `structure`, composites split into parts."""
+    found = []
+    for item in nest.flatten(structure):
+        if _pywrap_utils.IsTensor(item) or _pywrap_utils.IsVariable(item):
+            found.append(item)
+            continue
+        resolution.check_watchable(item, _WATCH_SYMBOL)
+        if not isinstance(item, composite_tensor.CompositeTensor):
+            raise errors.NotWatchableError(errors.message(
+                "cannot watch this object", _WATCH_SYMBOL,
+                "a tf.Tensor, tf.Variable or ExtensionType",
+                f"an object of type {type(item).__name__}",
+                "Pass tensors or variables to GradientTape.watch"))
+        parts = type_spec.type_spec_from_value(item)._to_components(item)  # pylint: disable=protected-access
+        found.extend(_watchables(parts))
+    return found
+
+
+def make_gradient(original_gradient):
+    """Returns a `GradientTape.gradient` that also accepts distributed sources.
+
+    In cross-replica context, a source that is an ON_WRITE distributed
+    variable (such as a `MirroredVariable`) gets the total derivative: the sum
+    of the gradients with respect to its local components. Everything else
+    goes to `original_gradient` unchanged.
+    """
+
+    @functools.wraps(original_gradient)
+    def gradient(self, target, sources, output_gradients=None,
+                 unconnected_gradients=UnconnectedGradients.NONE):
+        flat_sources = nest.flatten(sources)
+        if not (any(map(resolution.is_distributed_variable, flat_sources)) and
+                values_util.get_current_replica_id_as_int() is None):
+            return original_gradient(
+                self, target, sources, output_gradients=output_gradients,
+                unconnected_gradients=unconnected_gradients)
+        components, spans = _split_distributed_sources(flat_sources)
+        flat_gradients = original_gradient(
+            self, target, components, output_gradients=output_gradients,
+            unconnected_gradients=unconnected_gradients)
+        totals = [_total(flat_gradients[start:stop]) for start, stop in spans]
+        return nest.pack_sequence_as(sources, totals)
+
+    return gradient
+
+
+def _split_distributed_sources(flat_sources):
+    """Replaces each distributed source by its local components.
+
+    Returns:
+        (components, spans): the flat list to differentiate, and for each
+        original source the (start, stop) slice of `components` it became.
+
+    Raises:
+        ValueError: a source is an ON_READ (SyncOnRead) variable, whose
+            components do not add up to one value.
+    """
+    strategy = distribute_lib.get_strategy()
+    components, spans = [], []
+    for source in flat_sources:
+        start = len(components)
+        if resolution.is_distributed_variable(source):
+            _check_differentiable_across_replicas(source)
+            components.extend(strategy.experimental_local_results(source))
+        else:
+            components.append(source)
+        spans.append((start, len(components)))
+    return components, spans
+
+
+def _check_differentiable_across_replicas(variable):
+    """Raises ValueError for an ON_READ distributed variable."""
+    if variable.synchronization == variables.VariableSynchronization.ON_READ:
+        raise ValueError(errors.message(
+            f"cannot differentiate with respect to {variable.name!r} in "
+            "cross-replica context", _GRADIENT_SYMBOL,
+            "an ON_WRITE distributed variable such as a MirroredVariable",
+            f"an ON_READ {type(variable).__name__}, whose replicas hold "
+            "different values",
+            "Compute the gradient inside strategy.run, where each replica "
+            "differentiates with respect to its own component"))
+
+
+def _total(gradients):
+    """Sums the gradients of one variable's components.
+
+    None when no component is connected; IndexedSlices stay IndexedSlices
+    (their rows are concatenated); a mix of sparse and dense is made dense.
+    """
+    present = [g for g in gradients if g is not None]
+    if len(present) <= 1:
+        return present[0] if present else None
+    if all(isinstance(g, indexed_slices.IndexedSlices) for g in present):
+        return indexed_slices.IndexedSlices(
+            values=array_ops.concat([g.values for g in present], axis=0),
+            indices=array_ops.concat([g.indices for g in present], axis=0),
+            dense_shape=present[0].dense_shape)
+    return math_ops.add_n([ops.convert_to_tensor(g) for g in present])

@@ -1,0 +1,89 @@
+"""What a gradient tape watches for a variable: the commit's resolution rule.
+
+In replica context (inside `strategy.run`, or with no strategy at all) the
+tape watches the variable's container, `strategy.extended.value_container(v)`;
+in cross-replica context (inside `strategy.scope()`, outside `run`) it watches
+every local component, `strategy.experimental_local_results(v)`. A plain
+variable resolves to itself in every context, so it skips the strategy lookup:
+`variable_accessed` runs on every trainable-variable read in eager mode.
+"""
+
+import numbers
+
+from tensorflow.python.distribute import distribute_lib
+from tensorflow.python.distribute import values as values_lib
+from tensorflow.python.ops import resource_variable_ops
+
+from tfdtape import errors
+
+_ResourceVariable = resource_variable_ops.ResourceVariable
+_CONTAINER_REFERENCE = "_distributed_container"
+_REPLICA_VALUE_TYPES = (values_lib.DistributedValues,)
+_VARIABLE_TYPES = (values_lib.DistributedVariable,)
+
+
+def is_plain_variable(variable):
+    """True for a `ResourceVariable` that is no component of a distributed one.
+
+    Such a variable resolves to itself in every context. The check reads the
+    handle's `__dict__` directly: distributed variables leave a weak reference
+    to their container there, and probing an EagerTensor with `getattr` for a
+    missing attribute is slow.
+    """
+    return (type(variable) is _ResourceVariable and
+            _CONTAINER_REFERENCE not in variable._handle.__dict__)  # pylint: disable=protected-access
+
+
+def resolve(variable):
+    """Returns the tuple of variables a tape watches for `variable` here.
+
+    Anything that is not a variable, such as a `tf.Tensor`, comes back
+    unchanged as a 1-tuple.
+
+    Raises:
+        tfdtape.errors.NotWatchableError: `variable` is None, a Python scalar or string, or a
+            per-replica value such as `PerReplica` (not a variable).
+    """
+    if is_plain_variable(variable):
+        return (variable,)
+    check_watchable(variable, "tfdtape.resolve")
+    strategy, replica_context = distribute_lib.get_strategy_and_replica_context()
+    if replica_context is not None:
+        return (strategy.extended.value_container(variable),)
+    return tuple(strategy.experimental_local_results(variable))
+
+
+def in_cross_replica_context():
+    """True inside `strategy.scope()` (or `merge_call`), outside `strategy.run`."""
+    return distribute_lib.get_strategy_and_replica_context()[1] is None
+
+
+def is_distributed_variable(value):
+    """True for a `tf.distribute` variable container such as `MirroredVariable`."""
+    return isinstance(value, _VARIABLE_TYPES)
+
+
+def check_watchable(value, symbol):
+    """Raises NotWatchableError for values no tape can watch.
+
+    Those are None, Python numbers and strings, and per-replica values such
+    as `PerReplica`; anything else passes.
+
+    Args:
+        value: the object to check.
+        symbol: the API the user called, named in the message.
+    """
+    if isinstance(value, _REPLICA_VALUE_TYPES) and not is_distributed_variable(value):
+        raise errors.NotWatchableError(errors.message(
+            "cannot watch a per-replica value", symbol,
+            "a tf.Variable or tf.Tensor",
+            f"a {type(value).__name__} holding one value per replica",
+            "Watch the tensor inside strategy.run, where each replica sees "
+            "its own value, or watch the variable it was computed from"))
+    if value is None or isinstance(value, (str, bytes, numbers.Number)):
+        raise errors.NotWatchableError(errors.message(
+            "cannot watch a non-tensor", symbol,
+            "a tf.Variable or tf.Tensor",
+            f"{value!r} of type {type(value).__name__}",
+            "Pass a tf.Variable, or convert the value with tf.constant "
+            "first"))

@@ -1,0 +1,128 @@
+"""Helpers for testing code under tfdtape: devices, strategies, configurations.
+
+`virtual_cpus(n)` splits the CPU into n logical devices, which a process can
+do only once, before TensorFlow's runtime starts. The context managers put
+TensorFlow into the configurations tfdtape is tested in:
+
+- `stock()`: TensorFlow as it ships (tfdtape uninstalled, native resolver on);
+- `tfdtape_alone()`: TensorFlow's native resolver off, tfdtape installed;
+- `pre_seed()`: TensorFlow as before the commit (both off), the control.
+
+Each restores the previous state when it exits.
+"""
+
+import contextlib
+
+import tensorflow as tf
+from tensorflow.python.eager import tape as tape_module
+
+from tfdtape import errors
+from tfdtape import patching
+
+CONFIGURATIONS = ("stock", "tfdtape_alone", "pre_seed")
+"""The names of the three configurations, in report order."""
+
+
+def virtual_cpus(n):
+    """Splits the host CPU into `n` logical devices; returns their names.
+
+    Call it before TensorFlow's runtime starts (before any op runs). Called
+    again with the same `n`, it returns the same names.
+
+    Raises:
+        ValueError: `n` is not a positive int.
+        RuntimeError: the runtime already started with another CPU layout.
+    """
+    if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+        raise ValueError(f"tfdtape.testing.virtual_cpus: expected a positive "
+                         f"int, found {n!r}")
+    physical = tf.config.list_physical_devices("CPU")[0]
+    try:
+        tf.config.set_logical_device_configuration(
+            physical, [tf.config.LogicalDeviceConfiguration()] * n)
+    except RuntimeError:
+        pass  # The runtime has started; the layout check below decides.
+    logical = [device.name for device in tf.config.list_logical_devices("CPU")]
+    if len(logical) != n:
+        raise RuntimeError(errors.message(
+            f"cannot split the CPU into {n} logical devices",
+            "tf.config.set_logical_device_configuration",
+            f"{n} logical CPUs", f"{len(logical)} already configured",
+            "TensorFlow's runtime has started; call virtual_cpus() before any "
+            "TensorFlow op runs, or run this layout in a fresh process"))
+    return logical
+
+
+def mirrored_strategy(n):
+    """A `tf.distribute.MirroredStrategy` over `n` virtual CPUs."""
+    return tf.distribute.MirroredStrategy(virtual_cpus(n))
+
+
+def native_resolver_is_registered():
+    """True when TensorFlow's own watched-variable resolver is registered."""
+    return (tape_module._variables_override  # pylint: disable=protected-access
+            is not tape_module.default_get_variables)
+
+
+@contextlib.contextmanager
+def _native_resolver(enabled):
+    """Registers (enabled=True) or unregisters TensorFlow's native resolver."""
+    saved = tape_module._variables_override  # pylint: disable=protected-access
+    if enabled and saved is tape_module.default_get_variables:
+        raise RuntimeError("tfdtape.testing: TensorFlow's native resolver was "
+                           "unregistered outside tfdtape.testing; cannot "
+                           "restore stock TensorFlow")
+    if not enabled:
+        tape_module._variables_override = tape_module.default_get_variables  # pylint: disable=protected-access
+    try:
+        yield
+    finally:
+        tape_module._variables_override = saved  # pylint: disable=protected-access
+
+
+@contextlib.contextmanager
+def _tfdtape(enabled):
+    """Installs (enabled=True) or uninstalls tfdtape inside the block."""
+    was_installed = patching.is_installed()
+    if enabled:
+        patching.install()
+    else:
+        patching.uninstall()
+    try:
+        yield
+    finally:
+        if was_installed and not patching.is_installed():
+            patching.install()
+        elif not was_installed and patching.is_installed():
+            patching.uninstall()
+
+
+@contextlib.contextmanager
+def stock():
+    """TensorFlow as it ships: tfdtape uninstalled, native resolver on."""
+    with _tfdtape(False), _native_resolver(True):
+        yield
+
+
+@contextlib.contextmanager
+def tfdtape_alone():
+    """TensorFlow's native resolver off and tfdtape installed."""
+    with _native_resolver(False), _tfdtape(True):
+        yield
+
+
+@contextlib.contextmanager
+def pre_seed():
+    """TensorFlow as before the commit: native resolver off, tfdtape uninstalled."""
+    with _tfdtape(False), _native_resolver(False):
+        yield
+
+
+def configuration(name):
+    """The context manager for the configuration called `name`."""
+    managers = {"stock": stock, "tfdtape_alone": tfdtape_alone,
+                "pre_seed": pre_seed}
+    if name not in managers:
+        raise ValueError(f"tfdtape.testing.configuration: expected one of "
+                         f"{', '.join(CONFIGURATIONS)}, found {name!r}")
+    return managers[name]()
