@@ -5,6 +5,7 @@ do only once, before TensorFlow's runtime starts. The context managers put
 TensorFlow into the configurations tfdtape is tested in:
 
 - `stock()`: TensorFlow as it ships (tfdtape uninstalled, native resolver on);
+- `with_tfdtape()`: TensorFlow as users run it with tfdtape (both on);
 - `tfdtape_alone()`: TensorFlow's native resolver off, tfdtape installed;
 - `pre_seed()`: TensorFlow as before the commit (both off), the control.
 
@@ -19,8 +20,11 @@ from tensorflow.python.eager import tape as tape_module
 from tfdtape import errors
 from tfdtape import patching
 
-CONFIGURATIONS = ("stock", "tfdtape_alone", "pre_seed")
-"""The names of the three configurations, in report order."""
+CONFIGURATIONS = ("stock", "tfdtape", "tfdtape_alone", "pre_seed")
+"""The names of the configurations, in report order."""
+
+PATCHED_CONFIGURATIONS = ("tfdtape", "tfdtape_alone")
+"""The configurations in which tfdtape is installed."""
 
 
 def virtual_cpus(n):
@@ -105,6 +109,14 @@ def stock():
 
 
 @contextlib.contextmanager
+def with_tfdtape():
+    """TensorFlow as users run it with tfdtape: both tfdtape and the native
+    resolver on."""
+    with _native_resolver(True), _tfdtape(True):
+        yield
+
+
+@contextlib.contextmanager
 def tfdtape_alone():
     """TensorFlow's native resolver off and tfdtape installed."""
     with _native_resolver(False), _tfdtape(True):
@@ -120,8 +132,8 @@ def pre_seed():
 
 def configuration(name):
     """The context manager for the configuration called `name`."""
-    managers = {"stock": stock, "tfdtape_alone": tfdtape_alone,
-                "pre_seed": pre_seed}
+    managers = {"stock": stock, "tfdtape": with_tfdtape,
+                "tfdtape_alone": tfdtape_alone, "pre_seed": pre_seed}
     if name not in managers:
         raise ValueError(f"tfdtape.testing.configuration: expected one of "
                          f"{', '.join(CONFIGURATIONS)}, found {name!r}")
