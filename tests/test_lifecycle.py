@@ -1,0 +1,261 @@
+"""install() / uninstall(): idempotent, atomic, reversible, thread-safe."""
+
+import logging
+import os
+import subprocess
+import sys
+import threading
+
+import pytest
+import tensorflow as tf
+from tensorflow.python.eager import backprop
+from tensorflow.python.eager import tape as tape_module
+
+import tfdtape
+from tfdtape import targets
+
+TAPE_FUNCTIONS = ("watch_variable", "variable_accessed", "variables_accessed")
+TAPE_METHODS = ("watch", "gradient")
+
+
+def current_functions():
+    """The patchable attributes as TensorFlow holds them right now."""
+    found = {name: vars(tape_module)[name] for name in TAPE_FUNCTIONS}
+    found.update({f"GradientTape.{name}": vars(backprop.GradientTape)[name]
+                  for name in TAPE_METHODS})
+    return found
+
+
+def assert_tensorflow_originals(functions):
+    """Asserts each function is the one TensorFlow's own source defines."""
+    for name, function in functions.items():
+        assert function.__module__ in ("tensorflow.python.eager.tape",
+                                       "tensorflow.python.eager.backprop"), name
+        assert "/tensorflow/python/eager/" in function.__code__.co_filename, name
+
+
+@pytest.fixture
+def uninstalled():
+    """Runs the test with tfdtape uninstalled; reinstalls afterwards."""
+    tfdtape.uninstall()
+    yield current_functions()
+    tfdtape.install()
+
+
+def test_install_and_uninstall_are_idempotent(uninstalled):
+    assert tfdtape.is_installed() is False
+    assert tfdtape.uninstall() is False
+    assert tfdtape.install() is True
+    assert tfdtape.install() is False
+    assert tfdtape.is_installed() is True
+    assert tfdtape.uninstall() is True
+    assert tfdtape.uninstall() is False
+    assert tfdtape.is_installed() is False
+
+
+def test_uninstall_restores_the_original_objects(uninstalled):
+    originals = uninstalled
+    assert_tensorflow_originals(originals)
+    tfdtape.install()
+    patched = current_functions()
+    for name in originals:
+        assert patched[name] is not originals[name], name
+    tfdtape.uninstall()
+    restored = current_functions()
+    for name in originals:
+        assert restored[name] is originals[name], name
+
+
+def test_signatures_are_kept(uninstalled):
+    import inspect
+    originals = {name: inspect.signature(f) for name, f in uninstalled.items()}
+    tfdtape.install()
+    for name, function in current_functions().items():
+        assert inspect.signature(function) == originals[name], name
+
+
+def test_concurrent_install_and_uninstall(uninstalled):
+    originals = uninstalled
+    threads_count = 8
+    barrier = threading.Barrier(threads_count)
+    outcomes = {"install": [], "uninstall": []}
+    failures = []
+
+    def worker():
+        try:
+            for _ in range(20):
+                barrier.wait()
+                outcomes["install"].append(tfdtape.install())
+                barrier.wait()
+                outcomes["uninstall"].append(tfdtape.uninstall())
+        except Exception as error:  # reported below, not swallowed
+            failures.append(error)
+            barrier.abort()
+
+    threads = [threading.Thread(target=worker) for _ in range(threads_count)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    assert failures == []
+    assert outcomes["install"].count(True) == 20
+    assert outcomes["uninstall"].count(True) == 20
+    assert len(outcomes["install"]) == len(outcomes["uninstall"]) == 160
+    restored = current_functions()
+    for name in originals:
+        assert restored[name] is originals[name], name
+
+
+def test_patched_context_manager(uninstalled):
+    with tfdtape.patched():
+        assert tfdtape.is_installed()
+    assert not tfdtape.is_installed()
+    tfdtape.install()
+    with tfdtape.patched():
+        assert tfdtape.is_installed()
+    assert tfdtape.is_installed()
+
+
+def test_uninstall_refuses_to_clobber_a_foreign_patch():
+    ours = tape_module.watch_variable
+
+    def foreign_watch_variable(tape, variable):
+        return ours(tape, variable)
+
+    tape_module.watch_variable = foreign_watch_variable
+    try:
+        with pytest.raises(tfdtape.PatchConflictError) as raised:
+            tfdtape.uninstall()
+        assert tfdtape.is_installed()
+        assert tape_module.watch_variable is foreign_watch_variable
+        assert "tfdtape" in tape_module.variable_accessed.__module__
+    finally:
+        tape_module.watch_variable = ours
+    text = str(raised.value)
+    assert "tensorflow.python.eager.tape.watch_variable" in text
+    assert f"TensorFlow {tf.__version__}" in text
+    assert "Remove the other patch first" in text
+
+
+def test_missing_function_is_refused_before_anything_is_patched(
+        uninstalled, monkeypatch):
+    monkeypatch.delattr(tape_module, "variable_accessed")
+    with pytest.raises(tfdtape.UnsupportedTensorFlowError) as raised:
+        tfdtape.install()
+    assert not tfdtape.is_installed()
+    assert tape_module.watch_variable is uninstalled["watch_variable"]
+    text = str(raised.value)
+    assert text.startswith("tfdtape: a function tfdtape patches is missing "
+                           "(tensorflow.python.eager.tape.variable_accessed)")
+    assert f"in TensorFlow {tf.__version__}" in text
+    assert "Install a TensorFlow release that tfdtape supports" in text
+    assert isinstance(raised.value, RuntimeError)
+
+
+def test_function_of_another_shape_is_refused(uninstalled, monkeypatch):
+    monkeypatch.setattr(tape_module, "watch_variable", lambda variable: None)
+    with pytest.raises(tfdtape.UnsupportedTensorFlowError,
+                       match=r"unexpected shape \(tensorflow\.python\.eager\."
+                             r"tape\.watch_variable\): expected \(tape, "
+                             r"variable\), found \(variable\)"):
+        tfdtape.install()
+    assert not tfdtape.is_installed()
+
+
+def test_missing_internal_is_refused(uninstalled, monkeypatch):
+    from tensorflow.python.distribute import distribute_lib
+    monkeypatch.delattr(distribute_lib, "get_strategy_and_replica_context")
+    with pytest.raises(tfdtape.UnsupportedTensorFlowError,
+                       match="distribute_lib.get_strategy_and_replica_context"):
+        tfdtape.install()
+    assert not tfdtape.is_installed()
+
+
+def test_missing_optional_bulk_function_is_skipped(uninstalled, monkeypatch):
+    monkeypatch.delattr(tape_module, "variables_accessed")
+    assert tfdtape.install() is True
+    assert "variables_accessed" not in vars(tape_module)
+    assert tfdtape.uninstall() is True
+
+
+def test_unsupported_release_is_refused(uninstalled, monkeypatch):
+    monkeypatch.setattr(tf, "__version__", "2.11.1")
+    with pytest.raises(tfdtape.UnsupportedTensorFlowError) as raised:
+        tfdtape.install()
+    assert str(raised.value).startswith(
+        "tfdtape: unsupported TensorFlow release (tensorflow.__version__): "
+        "expected a release in >=2.12,<2.22, found 2.11.1 in TensorFlow 2.11.1.")
+    assert not tfdtape.is_installed()
+
+
+def test_a_failing_replacement_rolls_back(uninstalled, monkeypatch):
+    class Refusing(type):
+        def __setattr__(cls, name, value):
+            raise AttributeError(f"{cls.__name__} is read-only")
+
+    class Frozen(metaclass=Refusing):
+        def method(self):
+            return "original"
+
+    real_targets = targets.patch_targets
+    monkeypatch.setattr(targets, "patch_targets", lambda: real_targets() + [
+        targets.PatchTarget(Frozen, "method", ("self",), lambda original: None)])
+    with pytest.raises(AttributeError, match="Frozen is read-only"):
+        tfdtape.install()
+    assert not tfdtape.is_installed()
+    restored = current_functions()
+    for name, original in uninstalled.items():
+        assert restored[name] is original, name
+
+
+def test_install_logs_what_it_patched_once(uninstalled, caplog):
+    with caplog.at_level(logging.INFO, logger="absl"):
+        tfdtape.install()
+        tfdtape.install()
+    lines = [r.getMessage() for r in caplog.records if "tfdtape" in r.getMessage()]
+    assert len(lines) == 1
+    assert lines[0].startswith(f"tfdtape: installed into TensorFlow {tf.__version__}")
+    assert "tensorflow.python.eager.tape.variable_accessed" in lines[0]
+    assert "tensorflow.python.eager.backprop.GradientTape.gradient" in lines[0]
+
+
+def run_python(code, **environment):
+    """Runs `code` in a fresh interpreter; returns (exit code, stdout, stderr)."""
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", **environment)
+    completed = subprocess.run([sys.executable, "-c", code], env=env,
+                               capture_output=True, text=True, timeout=300)
+    return completed.returncode, completed.stdout.strip(), completed.stderr
+
+
+CONTAINER_CHECK = """
+import tfdtape, tensorflow as tf
+strategy = tf.distribute.MirroredStrategy(["/cpu:0"])
+with strategy.scope():
+    v = tf.Variable(1.0)
+    with tf.GradientTape(watch_accessed_variables=False) as tape:
+        tape.watch(v)
+print(tfdtape.is_installed(), tape.watched_variables()[0] is v.values[0])
+"""
+
+
+@pytest.mark.parametrize("order", ["tfdtape first", "tensorflow first"])
+def test_import_installs_in_either_order(order):
+    imports = ("import tfdtape\nimport tensorflow\n" if order == "tfdtape first"
+               else "import tensorflow\nimport tfdtape\n")
+    code, out, err = run_python(imports + CONTAINER_CHECK)
+    assert code == 0, err
+    assert out.splitlines()[-1] == "True True"
+
+
+def test_autoinstall_can_be_switched_off():
+    code, out, err = run_python(
+        "import tfdtape\nprint(tfdtape.is_installed())", TFDTAPE_AUTOINSTALL="0")
+    assert code == 0, err
+    assert out == "False"
+
+
+def test_unreadable_autoinstall_value_is_an_error():
+    code, _, err = run_python("import tfdtape", TFDTAPE_AUTOINSTALL="maybe")
+    assert code == 1
+    assert ("ValueError: tfdtape: TFDTAPE_AUTOINSTALL='maybe' is not understood: "
+            "expected one of 0, 1, false, no, off, on, true, yes.") in err
