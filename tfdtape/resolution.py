@@ -10,8 +10,9 @@ variable resolves to itself in every context, so it skips the strategy lookup:
 
 import numbers
 
-from tensorflow.python.distribute import distribute_lib
+from tensorflow.python.distribute import mirrored_strategy
 from tensorflow.python.distribute import values as values_lib
+from tensorflow.python.framework import ops
 from tensorflow.python.ops import resource_variable_ops
 
 from tfdtape import errors
@@ -20,6 +21,25 @@ _ResourceVariable = resource_variable_ops.ResourceVariable
 _CONTAINER_REFERENCE = "_distributed_container"
 _REPLICA_VALUE_TYPES = (values_lib.DistributedValues,)
 _VARIABLE_TYPES = (values_lib.DistributedVariable,)
+_get_default_graph = ops.get_default_graph
+
+# Strategy type -> whether its extended.value_container is MirroredStrategy's
+# (also MultiWorkerMirroredStrategy's), which maps a ResourceVariable
+# component to its container through the weak reference on its handle and a
+# container to itself. Other strategies are asked through value_container.
+_follows_reference = {}
+_REFERENCE_FOLLOWING = mirrored_strategy.MirroredExtended.value_container
+
+
+def _value_container_follows_reference(strategy_type, strategy):
+    """True if `strategy.extended.value_container` is MirroredStrategy's."""
+    follows = _follows_reference.get(strategy_type)
+    if follows is None:
+        extended_type = type(strategy.extended)
+        follows = getattr(extended_type, "value_container",
+                          None) is _REFERENCE_FOLLOWING
+        _follows_reference[strategy_type] = follows
+    return follows
 
 
 def is_plain_variable(variable):
@@ -41,21 +61,36 @@ def resolve(variable):
     unchanged as a 1-tuple.
 
     Raises:
-        tfdtape.errors.NotWatchableError: `variable` is None, a Python scalar or string, or a
-            per-replica value such as `PerReplica` (not a variable).
+        tfdtape.errors.NotWatchableError: `variable` is None, a Python scalar
+            or string, or a per-replica value such as `PerReplica` (not a
+            variable).
     """
-    if is_plain_variable(variable):
+    reference = None
+    is_container = False
+    if type(variable) is _ResourceVariable:
+        reference = variable._handle.__dict__.get(_CONTAINER_REFERENCE)  # pylint: disable=protected-access
+        if reference is None:
+            return (variable,)  # Plain: itself in every context.
+    else:
+        is_container = isinstance(variable, _VARIABLE_TYPES)
+        if not is_container:
+            check_watchable(variable, "tfdtape.resolve")
+    stack = _get_default_graph()._distribution_strategy_stack  # pylint: disable=protected-access
+    if not stack:
+        # The default strategy's replica context: its value_container is the
+        # identity, so every value resolves to itself.
         return (variable,)
-    check_watchable(variable, "tfdtape.resolve")
-    strategy, replica_context = distribute_lib.get_strategy_and_replica_context()
-    if replica_context is not None:
-        return (strategy.extended.value_container(variable),)
-    return tuple(strategy.experimental_local_results(variable))
-
-
-def in_cross_replica_context():
-    """True inside `strategy.scope()` (or `merge_call`), outside `strategy.run`."""
-    return distribute_lib.get_strategy_and_replica_context()[1] is None
+    mode = stack[-1]
+    strategy = mode.strategy
+    if mode.replica_context is None:
+        return tuple(strategy.experimental_local_results(variable))
+    if _value_container_follows_reference(type(strategy), strategy):
+        if is_container:
+            return (variable,)
+        if reference is not None:
+            container = reference()
+            return (variable if container is None else container,)
+    return (strategy.extended.value_container(variable),)
 
 
 def is_distributed_variable(value):
