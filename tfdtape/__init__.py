@@ -7,28 +7,42 @@ under distributed strategies") specifies: the container (such as the
 cross-replica context. It also makes `GradientTape.watch` and
 `GradientTape.gradient` work on distributed variables in cross-replica
 context. Set TFDTAPE_AUTOINSTALL=0 before the import to install by hand.
+
+`python -m tfdtape` (the command line) does not install on import: its
+commands manage the patch themselves, and report a missing TensorFlow in one
+line instead of a traceback.
 """
 
+import importlib
 import os
+import sys
 
 from tfdtape.errors import NotWatchableError
 from tfdtape.errors import PatchConflictError
 from tfdtape.errors import UnsupportedTensorFlowError
-from tfdtape.patching import install
-from tfdtape.patching import is_installed
-from tfdtape.patching import patched
-from tfdtape.patching import uninstall
-from tfdtape.resolution import resolve
 from tfdtape.versions import RELEASE as __version__
 
-__all__ = [
-    "NotWatchableError", "PatchConflictError", "UnsupportedTensorFlowError",
-    "install", "is_installed", "patched", "resolve", "uninstall",
-]
+# Public names that need TensorFlow, imported on first use.
+_TENSORFLOW_NAMES = {
+    "install": "tfdtape.patching",
+    "uninstall": "tfdtape.patching",
+    "is_installed": "tfdtape.patching",
+    "patched": "tfdtape.patching",
+    "resolve": "tfdtape.resolution",
+}
+
+__all__ = ["NotWatchableError", "PatchConflictError",
+           "UnsupportedTensorFlowError", *_TENSORFLOW_NAMES]
 
 _AUTOINSTALL_VARIABLE = "TFDTAPE_AUTOINSTALL"
 _AUTOINSTALL_VALUES = {"1": True, "true": True, "yes": True, "on": True,
                        "0": False, "false": False, "no": False, "off": False}
+
+
+def __getattr__(name):
+    if name in _TENSORFLOW_NAMES:
+        return getattr(importlib.import_module(_TENSORFLOW_NAMES[name]), name)
+    raise AttributeError(f"module 'tfdtape' has no attribute {name!r}")
 
 
 def _autoinstall_requested():
@@ -43,5 +57,14 @@ def _autoinstall_requested():
     return choice
 
 
-if _autoinstall_requested():
-    install()
+def _imported_by_command_line():
+    """True while `python -m tfdtape` is locating tfdtape.__main__."""
+    argv = getattr(sys, "orig_argv", [])
+    if sys.argv[:1] != ["-m"] or "-m" not in argv:
+        return False
+    position = argv.index("-m")
+    return argv[position + 1:position + 2] == ["tfdtape"]
+
+
+if not _imported_by_command_line() and _autoinstall_requested():
+    importlib.import_module("tfdtape.patching").install()

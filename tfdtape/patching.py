@@ -91,6 +91,15 @@ def patched():
             uninstall()
 
 
+def preflight():
+    """Checks what install() would check; returns the targets it would patch.
+
+    Raises:
+        UnsupportedTensorFlowError: as install() would.
+    """
+    return [target for target, _, _ in _plan()]
+
+
 def _plan():
     """Checks everything, then returns [(target, original, replacement)]."""
     version = errors.tensorflow_version()
