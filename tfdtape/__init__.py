@@ -29,6 +29,7 @@ _TENSORFLOW_NAMES = {
     "is_installed": "tfdtape.patching",
     "patched": "tfdtape.patching",
     "resolve": "tfdtape.resolution",
+    "trace": "tfdtape.tracing",
 }
 
 __all__ = ["NotWatchableError", "PatchConflictError",

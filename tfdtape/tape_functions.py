@@ -9,6 +9,7 @@ whether or not that hook is registered.
 from tensorflow.python import pywrap_tfe
 
 from tfdtape import resolution
+from tfdtape import tracing
 
 _tape_watch_variable = pywrap_tfe.TFE_Py_TapeWatchVariable
 _tape_variable_accessed = pywrap_tfe.TFE_Py_TapeVariableAccessed
@@ -18,7 +19,10 @@ _resolve = resolution.resolve
 
 def watch_variable(tape, variable):
     """Marks `variable`, as resolved in the current context, watched by `tape`."""
-    for var in _resolve(variable):
+    watched = _resolve(variable)
+    if tracing.active:
+        tracing.record("watch", variable, watched)
+    for var in watched:
         _tape_watch_variable(tape._tape, var)  # pylint: disable=protected-access
         _watcher_variable_accessed(var)
 
@@ -28,7 +32,10 @@ def variable_accessed(variable):
 
     The variables notified are `variable` resolved in the current context.
     """
-    for var in _resolve(variable):
+    accessed = _resolve(variable)
+    if tracing.active:
+        tracing.record("access", variable, accessed)
+    for var in accessed:
         _tape_variable_accessed(var)
         _watcher_variable_accessed(var)
 
@@ -39,8 +46,11 @@ def variables_accessed(variables):
     Every item is resolved before any is notified, so a bad item notifies
     nothing.
     """
-    accessed = [var for variable in variables if variable.trainable
-                for var in _resolve(variable)]
-    for var in accessed:
-        _tape_variable_accessed(var)
-        _watcher_variable_accessed(var)
+    decisions = [(variable, _resolve(variable)) for variable in variables
+                 if variable.trainable]
+    for variable, accessed in decisions:
+        if tracing.active:
+            tracing.record("access", variable, accessed)
+        for var in accessed:
+            _tape_variable_accessed(var)
+            _watcher_variable_accessed(var)

@@ -1,0 +1,56 @@
+"""tfdtape.trace(): every watch decision, from every replica thread."""
+
+import tensorflow as tf
+
+import tfdtape
+from tfdtape import tracing
+
+
+def test_trace_records_replica_reads_and_cross_replica_watch(strategy):
+    with strategy.scope():
+        v = tf.Variable([1.0, 2.0], name="weights")
+
+    def step():
+        with tf.GradientTape() as tape:
+            tf.reduce_sum(v) * 2.0
+        return tape.watched_variables()
+
+    with tfdtape.trace() as trace:
+        strategy.run(step)
+        with strategy.scope():
+            with tf.GradientTape(watch_accessed_variables=False) as tape:
+                tape.watch(v)
+    reads = [e for e in trace.events if e.kind == "access"]
+    assert sorted(e.replica_id for e in reads) == [0, 1, 2, 3]
+    for event in reads:
+        assert event.variable is v.values[event.replica_id]
+        assert len(event.resolved) == 1 and event.resolved[0] is v
+        assert (event.context, event.strategy) == ("replica", "MirroredStrategy")
+    watches = [e for e in trace.events if e.kind == "watch"]
+    assert len(watches) == 1
+    assert watches[0].variable is v
+    assert [r is c for r, c in zip(watches[0].resolved, v.values)] == [True] * 4
+    assert (watches[0].context, watches[0].replica_id) == ("cross-replica", None)
+
+    report = trace.report().splitlines()
+    assert report[0].split() == ["kind", "variable", "shape", "context",
+                                 "replica", "watched", "devices"]
+    assert len(report) == 1 + len(trace.events)
+    last = report[-1]
+    assert last.split()[:4] == ["watch", "weights:0", "(2,)", "cross-replica"]
+    assert "cross-replica" in last and "CPU:0, CPU:1, CPU:2, CPU:3" in last
+
+
+def test_trace_is_off_outside_the_block():
+    v = tf.Variable(1.0)
+    with tfdtape.trace() as trace:
+        assert tracing.active
+        with tf.GradientTape() as tape:
+            tape.watch(v)
+    assert not tracing.active
+    with tf.GradientTape() as tape:
+        tape.watch(v)
+    assert len(trace.events) == 1
+    assert (trace.events[0].context, trace.events[0].strategy) == (
+        "replica", "_DefaultDistributionStrategy")
+    assert trace.events[0].replica_id == 0
