@@ -259,3 +259,12 @@ def test_unreadable_autoinstall_value_is_an_error():
     assert code == 1
     assert ("ValueError: tfdtape: TFDTAPE_AUTOINSTALL='maybe' is not understood: "
             "expected one of 0, 1, false, no, off, on, true, yes.") in err
+
+
+def test_missing_strategy_stack_is_refused(uninstalled, monkeypatch):
+    from tensorflow.python.framework import ops
+    monkeypatch.delattr(ops.Graph, "_distribution_strategy_stack")
+    with pytest.raises(tfdtape.UnsupportedTensorFlowError,
+                       match=r"\(Graph\._distribution_strategy_stack\)"):
+        tfdtape.install()
+    assert not tfdtape.is_installed()

@@ -42,18 +42,6 @@ def _value_container_follows_reference(strategy_type, strategy):
     return follows
 
 
-def is_plain_variable(variable):
-    """True for a `ResourceVariable` that is no component of a distributed one.
-
-    Such a variable resolves to itself in every context. The check reads the
-    handle's `__dict__` directly: distributed variables leave a weak reference
-    to their container there, and probing an EagerTensor with `getattr` for a
-    missing attribute is slow.
-    """
-    return (type(variable) is _ResourceVariable and
-            _CONTAINER_REFERENCE not in variable._handle.__dict__)  # pylint: disable=protected-access
-
-
 def resolve(variable):
     """Returns the tuple of variables a tape watches for `variable` here.
 
@@ -65,6 +53,10 @@ def resolve(variable):
             or string, or a per-replica value such as `PerReplica` (not a
             variable).
     """
+    # A ResourceVariable that is a component of a distributed variable has a
+    # weak reference to its container in its handle's __dict__ (read directly:
+    # getattr on an EagerTensor for a missing attribute is slow). One without
+    # is plain and resolves to itself in every context.
     reference = None
     is_container = False
     if type(variable) is _ResourceVariable:

@@ -13,6 +13,7 @@ from tensorflow.python.distribute import distribute_lib
 from tensorflow.python.distribute import values_util
 from tensorflow.python.eager import backprop
 from tensorflow.python.eager import tape as tape_module
+from tensorflow.python.framework import ops
 
 from tfdtape import defun
 from tfdtape import errors
@@ -106,14 +107,20 @@ REQUIRED_SYMBOLS = (
 )
 """TensorFlow internals tfdtape's replacements call, checked before install."""
 
+STRATEGY_STACK = "_distribution_strategy_stack"
+"""The per-graph attribute holding the current tf.distribute thread modes."""
+
 
 def check_required_symbols():
-    """Raises UnsupportedTensorFlowError if a symbol of REQUIRED_SYMBOLS is gone."""
-    for module, name in REQUIRED_SYMBOLS:
+    """Raises UnsupportedTensorFlowError if a symbol of REQUIRED_SYMBOLS is gone,
+    or graphs no longer carry the strategy stack tfdtape reads."""
+    graph = ops.get_default_graph()
+    for module, name in REQUIRED_SYMBOLS + ((graph, STRATEGY_STACK),):
         if not hasattr(module, name):
             raise errors.UnsupportedTensorFlowError(errors.message(
                 "a TensorFlow internal tfdtape calls is missing",
-                f"{module.__name__}.{name}", "it to exist",
+                f"{getattr(module, '__name__', type(module).__name__)}.{name}",
+                "it to exist",
                 "no such attribute", _UPGRADE_ADVICE))
 
 
