@@ -30,6 +30,7 @@ _TENSORFLOW_NAMES = {
     "patched": "tfdtape.patching",
     "resolve": "tfdtape.resolution",
     "trace": "tfdtape.tracing",
+    "explain": "tfdtape.explaining",
 }
 
 __all__ = ["NotWatchableError", "PatchConflictError",
