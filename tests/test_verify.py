@@ -1,5 +1,6 @@
 """`python -m tfdtape verify|info`: the checks, their verdicts and the reports."""
 
+import functools
 import json
 import os
 import subprocess
@@ -102,16 +103,23 @@ def test_cli_bad_arguments_exit_2_without_traceback(args, message):
     assert "Traceback" not in err
 
 
-def test_cli_without_tensorflow_exits_2(tmp_path):
-    blocker = tmp_path / "tensorflow.py"
-    blocker.write_text("raise ImportError('No module named tensorflow (blocked)')\n")
+@pytest.mark.parametrize("module_text, message", [
+    ("raise ImportError('No module named tensorflow (blocked)')\n",
+     "tfdtape: TensorFlow cannot be imported (No module named tensorflow "
+     "(blocked)). Install it with `pip install tfdtape[cpu]`"),
+    ("__version__ = '2.11.0'\n",
+     "tfdtape: TensorFlow 2.11.0 is not supported: expected a release in "
+     ">=2.12,<2.22"),
+], ids=["no tensorflow", "unsupported tensorflow"])
+def test_cli_unusable_tensorflow_exits_2(tmp_path, module_text, message):
+    (tmp_path / "tensorflow.py").write_text(module_text)
     env = dict(os.environ, PYTHONPATH=f"{tmp_path}{os.pathsep}"
                + os.environ.get("PYTHONPATH", ""))
     completed = subprocess.run([sys.executable, "-m", "tfdtape", "verify"],
                                env=env, capture_output=True, text=True,
                                timeout=300)
     assert completed.returncode == 2
-    assert completed.stderr.startswith("tfdtape: TensorFlow cannot be imported")
+    assert completed.stderr.startswith(message), completed.stderr
     assert "Traceback" not in completed.stderr
 
 
@@ -130,3 +138,97 @@ def test_cli_info():
     assert "install check: OK" in out
     assert ("tensorflow.python.eager.tape.watch_variable: TensorFlow's "
             "original; patched on install") in out
+
+
+def break_resolution(monkeypatch, strategy):
+    monkeypatch.setattr(tape_functions, "_resolve", lambda variable: (variable,))
+    return strategy
+
+
+def break_total(monkeypatch, strategy):
+    from tfdtape import gradient_tape
+    monkeypatch.setattr(gradient_tape, "_total", lambda gradients: gradients[0])
+    return strategy
+
+
+def break_sync_on_read_check(monkeypatch, strategy):
+    from tfdtape import gradient_tape
+    monkeypatch.setattr(gradient_tape, "_check_differentiable_across_replicas",
+                        lambda variable: None)
+    return strategy
+
+
+def use_a_strategy_that_does_not_mirror(monkeypatch, strategy):
+    import tensorflow as tf
+    return tf.distribute.get_strategy()
+
+
+def leave_captured_input_resolution(monkeypatch, strategy):
+    """A function class that still resolves, and a tfdtape that keeps it."""
+    from tfdtape import defun
+
+    class ResolvingFunction:
+        def _resolve_captured_inputs(self):
+            return []
+
+    monkeypatch.setattr(defun, "classes_with_captured_input_resolution",
+                        lambda: [ResolvingFunction])
+    monkeypatch.setattr(defun, "make_resolver_replacement", lambda original: original)
+    return strategy
+
+
+def break_uninstall(monkeypatch, strategy):
+    """install() records copies as the originals, so uninstall() restores
+    copies. monkeypatch.undo() puts back the real state afterwards."""
+    from tfdtape import patching
+    from tfdtape import targets
+    monkeypatch.setattr(patching, "_applied", patching._applied)
+    for target in targets.patch_targets():
+        monkeypatch.setattr(target.owner, target.attribute, target.current())
+    real_check = targets.PatchTarget.check
+
+    def check_and_copy(self):
+        original = real_check(self)
+
+        @functools.wraps(original)
+        def copy(*args, **kwargs):
+            return original(*args, **kwargs)
+        return copy
+
+    monkeypatch.setattr(targets.PatchTarget, "check", check_and_copy)
+    return strategy
+
+
+BREAKERS = {
+    "replica_context_eager": (break_resolution, "'own component'"),
+    "replica_context_tf_function": (break_resolution, "'own component'"),
+    "watched_variables_reset": (break_resolution, "'own component'"),
+    "captured_variable_tf_function": (break_resolution,
+                                      "'own component read, own component'"),
+    "cross_replica_tape_call": (break_resolution, "'raised SystemError"),
+    "cross_replica_watch": (break_resolution, "'raised SystemError"),
+    "cross_replica_gradient": (break_total, "'gradient 1'"),
+    "sync_on_read_gradient_error": (break_sync_on_read_check, "'no error'"),
+    "variable_creator_stack": (use_a_strategy_that_does_not_mirror,
+                               "'UnliftedInitializerVariable'"),
+    "defun_captured_input_resolution": (
+        leave_captured_input_resolution,
+        "'per-call resolution in leave_captured_input_resolution.<locals>."
+        "ResolvingFunction'"),
+    "uninstall_restores_identity": (break_uninstall, "'originals lost'"),
+}
+
+
+def test_every_check_has_a_fail_path():
+    assert sorted(BREAKERS) == sorted(CHECK_NAMES)
+
+
+@pytest.mark.parametrize("check", checks.CHECKS, ids=CHECK_NAMES)
+def test_each_check_fails_when_its_behaviour_breaks(strategy, monkeypatch, check):
+    breaker, observed = BREAKERS[check.name]
+    broken_strategy = breaker(monkeypatch, strategy)
+    result = verify.run_check(check, broken_strategy)
+    monkeypatch.undo()
+    assert result.status == verify.FAIL
+    assert result.message.startswith(
+        f"tfdtape: expected {check.expected!r}, observed {observed}")
