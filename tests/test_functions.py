@@ -2,7 +2,6 @@
 
 import pytest
 import tensorflow as tf
-from tensorflow.python.eager.polymorphic_function import concrete_function
 
 import tfdtape
 from tfdtape import defun
@@ -73,9 +72,14 @@ def test_func_graph_inherits_the_variable_creator_stack(strategy):
     assert strategy_creators[0] in [creator for _, creator in seen[0]]
 
 
+def concrete_function_class():
+    """The class of tf.function's concrete functions in this TensorFlow."""
+    return type(tf.function(lambda: tf.constant(1.0)).get_concrete_function())
+
+
 def test_no_captured_input_resolution_in_this_tensorflow():
     assert defun.classes_with_captured_input_resolution() == []
-    assert concrete_function.ConcreteFunction in defun.function_classes()
+    assert concrete_function_class() in defun.function_classes()
 
 
 def test_captured_input_resolution_is_removed_where_present(monkeypatch):
@@ -84,23 +88,24 @@ def test_captured_input_resolution_is_removed_where_present(monkeypatch):
     def resolve_per_call(self):
         return ["resolved per call"]
 
+    function_class = concrete_function_class()
     tfdtape.uninstall()
     try:
-        monkeypatch.setattr(concrete_function.ConcreteFunction,
+        monkeypatch.setattr(function_class,
                             defun.RESOLVER_METHOD, resolve_per_call,
                             raising=False)
         assert defun.classes_with_captured_input_resolution() == [
-            concrete_function.ConcreteFunction]
+            function_class]
         tfdtape.install()
         holder = type("Holder", (), {"_captured_inputs": ["as traced"]})()
-        replacement = vars(concrete_function.ConcreteFunction)[defun.RESOLVER_METHOD]
+        replacement = vars(function_class)[defun.RESOLVER_METHOD]
         assert replacement is not resolve_per_call
         assert replacement(holder) == ["as traced"]
         tfdtape.uninstall()
-        assert vars(concrete_function.ConcreteFunction)[
+        assert vars(function_class)[
             defun.RESOLVER_METHOD] is resolve_per_call
     finally:
         tfdtape.uninstall()
         monkeypatch.undo()
         tfdtape.install()
-    assert defun.RESOLVER_METHOD not in vars(concrete_function.ConcreteFunction)
+    assert defun.RESOLVER_METHOD not in vars(function_class)

@@ -163,10 +163,11 @@ def test_function_of_another_shape_is_refused(uninstalled, monkeypatch):
 
 
 def test_missing_internal_is_refused(uninstalled, monkeypatch):
-    from tensorflow.python.distribute import distribute_lib
-    monkeypatch.delattr(distribute_lib, "get_strategy_and_replica_context")
+    from tfdtape import compat
+    monkeypatch.delattr(compat.strategy_context, "get_strategy_and_replica_context")
     with pytest.raises(tfdtape.UnsupportedTensorFlowError,
-                       match="distribute_lib.get_strategy_and_replica_context"):
+                       match=r"\.(distribute_lib|distribution_strategy_context)\."
+                             r"get_strategy_and_replica_context"):
         tfdtape.install()
     assert not tfdtape.is_installed()
 

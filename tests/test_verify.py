@@ -10,6 +10,7 @@ import xml.etree.ElementTree as ElementTree
 import pytest
 
 from tfdtape import checks
+from tfdtape import testing
 from tfdtape import tape_functions
 from tfdtape import verify
 from tfdtape.__main__ import main
@@ -65,7 +66,8 @@ def test_cli_verify_passes_and_writes_reports(tmp_path):
         assert any(line.startswith(name) and " PASS " in line for line in lines), name
     assert f"{len(CHECK_NAMES)}/{len(CHECK_NAMES)} checks passed" in out
     assert "devices: 2 logical CPUs" in out
-    assert "native resolver (tape.register_watched_variable_resolver): present" in out
+    assert (f"TensorFlow's native resolver: "
+            f"{testing.native_resolution_description()}") in out
 
     report = json.loads(json_path.read_text())
     assert report["passed"] is True

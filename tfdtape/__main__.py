@@ -61,7 +61,8 @@ def _environment(tf, devices):
     return {"tensorflow": tf.__version__,
             "python": platform.python_version(),
             "devices": devices,
-            "native_resolver": testing.native_resolver_is_registered()}
+            "native_resolver": testing.native_resolver_is_registered(),
+            "native_resolution": testing.native_resolution_description()}
 
 
 def _selected_checks(only):
@@ -113,6 +114,7 @@ def _verify(args, argv):
 
 def _info():
     tf = _import_tensorflow()
+    from tfdtape import compat  # pylint: disable=g-import-not-at-top
     from tfdtape import defun  # pylint: disable=g-import-not-at-top
     from tfdtape import errors  # pylint: disable=g-import-not-at-top
     from tfdtape import patching  # pylint: disable=g-import-not-at-top
@@ -122,10 +124,10 @@ def _info():
     print(f"tfdtape {versions.RELEASE} (supports TensorFlow "
           f"{versions.TENSORFLOW_REQUIREMENT})")
     print(f"TensorFlow {tf.__version__}, Python {platform.python_version()}")
-    print("native resolver (tape.register_watched_variable_resolver, one-shot, "
-          "no unregister): " + ("registered" if
-                                testing.native_resolver_is_registered()
-                                else "absent"))
+    print(f"TensorFlow's native resolver: "
+          f"{testing.native_resolution_description()}"
+          + (" (one-shot hook, no unregister)" if compat.HAS_RESOLVER_REGISTRY
+             else ""))
     resolving = defun.classes_with_captured_input_resolution()
     print("defun captured-input resolution: " + (
         ", ".join(cls.__qualname__ for cls in resolving) if resolving

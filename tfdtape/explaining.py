@@ -9,9 +9,9 @@ the tape watched, the source's kind, and the context the call is made in.
 import dataclasses
 from typing import Any, List
 
-from tensorflow.python.distribute import distribute_lib
 from tensorflow.python.util import nest
 
+from tfdtape import compat
 from tfdtape import errors
 from tfdtape import resolution
 
@@ -84,7 +84,7 @@ def _reason(source, watched, recorded_without_reads):
     distributed = resolution.is_distributed_variable(source)
     components = list(source.values) if distributed else []
     container = _container_of(source)
-    in_replica_context = distribute_lib.get_replica_context() is not None
+    in_replica_context = compat.strategy_context.get_replica_context() is not None
     if distributed and in_replica_context and any(holds(c) for c in components):
         return WRONG_CONTEXT, (
             "the tape recorded in cross-replica context (inside "
@@ -107,7 +107,7 @@ def _reason(source, watched, recorded_without_reads):
             "the tape was created with watch_accessed_variables=False and "
             "tape.watch() was not called for it")
     if (not distributed and container is None and
-            distribute_lib.has_strategy()):
+            compat.strategy_context.has_strategy()):
         return CREATED_OUTSIDE_SCOPE, (
             "it is a plain variable, created outside strategy.scope(), and the "
             "tape never saw it read; create it inside strategy.scope() and "

@@ -11,7 +11,6 @@ as TensorFlow's do.
 
 import functools
 
-from tensorflow.python.distribute import distribute_lib
 from tensorflow.python.distribute import values_util
 from tensorflow.python.eager import backprop_util
 from tensorflow.python.eager import tape as tape_module
@@ -27,6 +26,7 @@ from tensorflow.python.platform import tf_logging as logging
 from tensorflow.python.util import _pywrap_utils
 from tensorflow.python.util import nest
 
+from tfdtape import compat
 from tfdtape import errors
 from tfdtape import resolution
 
@@ -115,7 +115,7 @@ def _split_distributed_sources(flat_sources):
         ValueError: a source is an ON_READ (SyncOnRead) variable, whose
             components do not add up to one value.
     """
-    strategy = distribute_lib.get_strategy()
+    strategy = compat.strategy_context.get_strategy()
     components, spans = [], []
     for source in flat_sources:
         start = len(components)

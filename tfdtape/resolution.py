@@ -19,6 +19,7 @@ from tfdtape import errors
 
 _ResourceVariable = resource_variable_ops.ResourceVariable
 _CONTAINER_REFERENCE = "_distributed_container"
+_AGGREGATING_REFERENCE = "_aggregating_container"
 _REPLICA_VALUE_TYPES = (values_lib.DistributedValues,)
 _VARIABLE_TYPES = (values_lib.DistributedVariable,)
 _get_default_graph = ops.get_default_graph
@@ -53,15 +54,17 @@ def resolve(variable):
             or string, or a per-replica value such as `PerReplica` (not a
             variable).
     """
-    # A ResourceVariable that is a component of a distributed variable has a
-    # weak reference to its container in its handle's __dict__ (read directly:
-    # getattr on an EagerTensor for a missing attribute is slow). One without
+    # A ResourceVariable that belongs to a container has a weak reference to
+    # it: a distributed variable's component in its handle's __dict__ (read
+    # directly: getattr on an EagerTensor for a missing attribute is slow),
+    # an AggregatingVariable's inner variable (CentralStorageStrategy,
+    # ParameterServerStrategy) in its own __dict__. A variable with neither
     # is plain and resolves to itself in every context.
     reference = None
     is_container = False
     if type(variable) is _ResourceVariable:
         reference = variable._handle.__dict__.get(_CONTAINER_REFERENCE)  # pylint: disable=protected-access
-        if reference is None:
+        if reference is None and _AGGREGATING_REFERENCE not in variable.__dict__:
             return (variable,)  # Plain: itself in every context.
     else:
         is_container = isinstance(variable, _VARIABLE_TYPES)

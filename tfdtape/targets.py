@@ -9,12 +9,12 @@ import inspect
 from typing import Callable, Tuple
 
 from tensorflow.python import pywrap_tfe
-from tensorflow.python.distribute import distribute_lib
 from tensorflow.python.distribute import values_util
 from tensorflow.python.eager import backprop
 from tensorflow.python.eager import tape as tape_module
 from tensorflow.python.framework import ops
 
+from tfdtape import compat
 from tfdtape import defun
 from tfdtape import errors
 from tfdtape import gradient_tape
@@ -98,8 +98,10 @@ def _unchanged(replacement):
 
 
 REQUIRED_SYMBOLS = (
-    (distribute_lib, "get_strategy_and_replica_context"),
-    (distribute_lib, "get_strategy"),
+    (compat.strategy_context, "get_strategy_and_replica_context"),
+    (compat.strategy_context, "get_strategy"),
+    (compat.strategy_context, "get_replica_context"),
+    (compat.strategy_context, "has_strategy"),
     (values_util, "get_current_replica_id_as_int"),
     (pywrap_tfe, "TFE_Py_TapeWatchVariable"),
     (pywrap_tfe, "TFE_Py_TapeVariableAccessed"),

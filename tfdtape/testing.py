@@ -15,8 +15,10 @@ Each restores the previous state when it exits.
 import contextlib
 
 import tensorflow as tf
+from tensorflow.python import pywrap_tfe
 from tensorflow.python.eager import tape as tape_module
 
+from tfdtape import compat
 from tfdtape import errors
 from tfdtape import patching
 
@@ -62,26 +64,86 @@ def mirrored_strategy(n):
     return tf.distribute.MirroredStrategy(virtual_cpus(n))
 
 
+def _watch_variable_unresolved(tape, variable):
+    """tape.watch_variable as before the commit: the variable as handed over."""
+    pywrap_tfe.TFE_Py_TapeWatchVariable(tape._tape, variable)  # pylint: disable=protected-access
+    pywrap_tfe.TFE_Py_VariableWatcherVariableAccessed(variable)
+
+
+def _variable_accessed_unresolved(variable):
+    """tape.variable_accessed as before the commit."""
+    pywrap_tfe.TFE_Py_TapeVariableAccessed(variable)
+    pywrap_tfe.TFE_Py_VariableWatcherVariableAccessed(variable)
+
+
+def _variables_accessed_unresolved(variables):
+    """tape.variables_accessed as before the commit."""
+    for variable in variables:
+        if variable.trainable:
+            _variable_accessed_unresolved(variable)
+
+
+# TensorFlow 2.12 resolves inline in these functions; switching its native
+# resolution off means replacing them with these resolver-free versions.
+_UNRESOLVED_FUNCTIONS = {
+    "watch_variable": _watch_variable_unresolved,
+    "variable_accessed": _variable_accessed_unresolved,
+    "variables_accessed": _variables_accessed_unresolved,
+}
+
+
 def native_resolver_is_registered():
-    """True when TensorFlow's own watched-variable resolver is registered."""
-    return (tape_module._variables_override  # pylint: disable=protected-access
-            is not tape_module.default_get_variables)
+    """True when TensorFlow's own watched-variable resolution is switched on.
+
+    From 2.13 that is the resolver registered with
+    `tape.register_watched_variable_resolver`; in 2.12, the resolution
+    written inside TensorFlow's tape functions.
+    """
+    if compat.HAS_RESOLVER_REGISTRY:
+        return (tape_module._variables_override  # pylint: disable=protected-access
+                is not tape_module.default_get_variables)
+    return all(vars(tape_module).get(name) is not unresolved
+               for name, unresolved in _UNRESOLVED_FUNCTIONS.items())
+
+
+def native_resolution_description():
+    """How TensorFlow's own resolution is present now, in words."""
+    if not native_resolver_is_registered():
+        return "switched off"
+    if compat.HAS_RESOLVER_REGISTRY:
+        return "registered (tape.register_watched_variable_resolver)"
+    return "inline in TensorFlow's tape functions (TensorFlow 2.12)"
 
 
 @contextlib.contextmanager
 def _native_resolver(enabled):
-    """Registers (enabled=True) or unregisters TensorFlow's native resolver."""
-    saved = tape_module._variables_override  # pylint: disable=protected-access
-    if enabled and saved is tape_module.default_get_variables:
+    """Switches TensorFlow's native resolution on or off inside the block.
+
+    Switching it off in TensorFlow 2.12 replaces the tape functions, so
+    tfdtape must be uninstalled then.
+    """
+    if enabled and not native_resolver_is_registered():
         raise RuntimeError("tfdtape.testing: TensorFlow's native resolver was "
-                           "unregistered outside tfdtape.testing; cannot "
+                           "switched off outside tfdtape.testing; cannot "
                            "restore stock TensorFlow")
-    if not enabled:
-        tape_module._variables_override = tape_module.default_get_variables  # pylint: disable=protected-access
-    try:
+    if enabled:
         yield
-    finally:
-        tape_module._variables_override = saved  # pylint: disable=protected-access
+    elif compat.HAS_RESOLVER_REGISTRY:
+        saved = tape_module._variables_override  # pylint: disable=protected-access
+        tape_module._variables_override = tape_module.default_get_variables  # pylint: disable=protected-access
+        try:
+            yield
+        finally:
+            tape_module._variables_override = saved  # pylint: disable=protected-access
+    else:
+        saved = {name: vars(tape_module)[name] for name in _UNRESOLVED_FUNCTIONS}
+        for name, unresolved in _UNRESOLVED_FUNCTIONS.items():
+            setattr(tape_module, name, unresolved)
+        try:
+            yield
+        finally:
+            for name, original in saved.items():
+                setattr(tape_module, name, original)
 
 
 @contextlib.contextmanager
@@ -119,7 +181,7 @@ def with_tfdtape():
 @contextlib.contextmanager
 def tfdtape_alone():
     """TensorFlow's native resolver off and tfdtape installed."""
-    with _native_resolver(False), _tfdtape(True):
+    with _tfdtape(False), _native_resolver(False), _tfdtape(True):
         yield
 
 

@@ -16,8 +16,9 @@ import dataclasses
 import threading
 from typing import Optional, Tuple
 
-from tensorflow.python.distribute import distribute_lib
 from tensorflow.python.framework import tensor_util
+
+from tfdtape import compat
 
 active = False  # True while at least one trace is open; read on the hot path.
 _open_traces = []
@@ -100,7 +101,7 @@ def trace():
 
 def record(kind, variable, resolved):
     """Adds one decision to every open trace (called by tfdtape's tape functions)."""
-    strategy, replica_context = distribute_lib.get_strategy_and_replica_context()
+    strategy, replica_context = compat.strategy_context.get_strategy_and_replica_context()
     replica_id = None
     if replica_context is not None:
         replica_id = _replica_index(replica_context)

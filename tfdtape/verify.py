@@ -93,8 +93,7 @@ def summary_lines(results, environment):
         f"TensorFlow {environment['tensorflow']}, Python {environment['python']}",
         f"devices: {len(environment['devices'])} logical CPUs "
         f"({', '.join(environment['devices'])})",
-        "native resolver (tape.register_watched_variable_resolver): "
-        + ("present" if environment["native_resolver"] else "absent"),
+        f"TensorFlow's native resolver: {environment['native_resolution']}",
         "stock column is informational; a check passes when tfdtape and "
         "tfdtape_alone observe the expected value and, where it is "
         "discriminating, pre_seed does not",

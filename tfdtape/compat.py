@@ -1,0 +1,21 @@
+"""Where the TensorFlow pieces tfdtape uses live, in each supported release.
+
+- The strategy-context functions (`get_strategy_and_replica_context`,
+  `get_strategy`, `get_replica_context`, `has_strategy`) are in
+  `distribute/distribute_lib.py` from 2.13, in
+  `distribute/distribution_strategy_context.py` in 2.12.
+- TensorFlow's own watched-variable resolution is a registry
+  (`tape.register_watched_variable_resolver`, filled by distribute_lib at
+  import) from 2.13, and written inline in the tape functions in 2.12.
+"""
+
+from tensorflow.python.distribute import distribute_lib
+from tensorflow.python.eager import tape as tape_module
+
+if hasattr(distribute_lib, "get_strategy_and_replica_context"):
+    strategy_context = distribute_lib
+else:  # TensorFlow 2.12
+    from tensorflow.python.distribute import distribution_strategy_context as strategy_context  # pylint: disable=g-import-not-at-top
+
+HAS_RESOLVER_REGISTRY = hasattr(tape_module, "register_watched_variable_resolver")
+"""True from TensorFlow 2.13: native resolution is a registered hook."""
