@@ -102,6 +102,12 @@ def check_release(version, workdir, source):
     if install.returncode == 0:
         install = run([python, "-m", "pip", "install", "-q", "-e",
                        f"{source}[test]"], log)
+    if install.returncode == 0 and versions.parse_release(version) >= (2, 16):
+        # Keras 2 for TensorFlow 2.16+, beside tensorflow-cpu: tf_keras
+        # requires the `tensorflow` distribution, so it goes in without deps.
+        major, minor = versions.parse_release(version)
+        install = run([python, "-m", "pip", "install", "-q", "--no-deps",
+                       f"tf_keras~={major}.{minor}.0"], log)
     outcome.installed = "yes" if install.returncode == 0 else "failed"
     if install.returncode != 0:
         outcome.notes.append(f"pip failed, see {log.name}")
@@ -166,6 +172,9 @@ def main(argv):
         parser.error(f"outside {versions.TENSORFLOW_REQUIREMENT}: "
                      f"{', '.join(unsupported)}")
     args.workdir.mkdir(parents=True, exist_ok=True)
+    commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short",
+                             "HEAD"], capture_output=True, text=True,
+                            check=True).stdout.strip()
     source = snapshot(args.workdir)
     outcomes = []
     for version in releases:
@@ -173,9 +182,6 @@ def main(argv):
         print(f"{version}: install {outcome.installed}, tests {outcome.tests}, "
               f"verify {outcome.verify} ({outcome.minutes:.1f} min)", flush=True)
         outcomes.append(outcome)
-    commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short",
-                             "HEAD"], capture_output=True, text=True,
-                            check=True).stdout.strip()
     write_table(outcomes, args.output, commit)
     print(f"wrote {args.output}")
     return 0 if all(o.verify.endswith("passed") and "failed" not in o.tests
