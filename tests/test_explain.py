@@ -106,3 +106,20 @@ def test_a_used_tape_is_refused():
     tape.gradient(loss, v)
     with pytest.raises(RuntimeError, match="cannot explain a used tape"):
         tfdtape.explain(tape, loss, v)
+
+
+def test_keras_3_variables_are_explained_through_their_tf_variable():
+    keras = tf.keras
+    used, unused = keras.layers.Dense(1), keras.layers.Dense(1)
+    x = tf.ones([2, 3])
+    used(x), unused(x)  # build both
+    with tf.GradientTape() as tape:
+        loss = tf.reduce_sum(used(x)) + tf.reduce_sum(tf.stop_gradient(unused(x)))
+    sources = used.trainable_variables + unused.trainable_variables
+    explanation = tfdtape.explain(tape, loss, sources)
+    assert [g is None for g in explanation.gradients] == [False, False, True, True]
+    assert [item.source for item in explanation.none_gradients] == (
+        unused.trainable_variables)
+    # Read (watched as their tf.Variables) but cut off by stop_gradient.
+    assert {item.reason for item in explanation.none_gradients} == {
+        explain_lib.NOT_CONNECTED}

@@ -9,6 +9,7 @@ the tape watched, the source's kind, and the context the call is made in.
 import dataclasses
 from typing import Any, List
 
+from tensorflow.python.ops import variables
 from tensorflow.python.util import nest
 
 from tfdtape import compat
@@ -70,7 +71,8 @@ def explain(tape, target, sources, **gradient_options):
     gradients = tape.gradient(target, sources, **gradient_options)
     watched = tape.watched_variables()
     none_gradients = [
-        NoneGradient(source, *_reason(source, watched, recorded_without_reads))
+        NoneGradient(source, *_reason(_tf_variable(source), watched,
+                                      recorded_without_reads))
         for source, gradient in zip(nest.flatten(sources), nest.flatten(gradients))
         if gradient is None]
     return Explanation(gradients, none_gradients)
@@ -115,6 +117,16 @@ def _reason(source, watched, recorded_without_reads):
     return NOT_READ, (
         "the tape never saw it read: it was read before the tape started "
         "recording (or outside its with-block), or not read at all")
+
+
+def _tf_variable(source):
+    """The tf.Variable a Keras 3 variable wraps (its `.value`); else `source`."""
+    wrapped = getattr(type(source), "value", None)
+    if isinstance(wrapped, property):
+        value = source.value
+        if isinstance(value, variables.Variable):
+            return value
+    return source
 
 
 def _container_of(source):
