@@ -5,10 +5,8 @@ Run by tests/test_parameter_server.py in a fresh process: servers must start
 before TensorFlow's runtime.
 """
 
-import contextlib
 import json
 import os
-import socket
 import sys
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
@@ -16,19 +14,12 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 import tensorflow as tf  # pylint: disable=g-import-not-at-top
 
 from tfdtape import testing  # pylint: disable=g-import-not-at-top
-
-
-def free_ports(count):
-    with contextlib.ExitStack() as stack:
-        sockets = [stack.enter_context(socket.socket()) for _ in range(count)]
-        for sock in sockets:
-            sock.bind(("127.0.0.1", 0))
-        return [sock.getsockname()[1] for sock in sockets]
+import loopback  # pylint: disable=g-import-not-at-top
 
 
 def start_cluster():
     """Starts 2 worker servers and 1 ps server in this process."""
-    ports = free_ports(3)
+    ports = loopback.free_ports(3)
     cluster = tf.train.ClusterSpec({
         "worker": [f"127.0.0.1:{ports[0]}", f"127.0.0.1:{ports[1]}"],
         "ps": [f"127.0.0.1:{ports[2]}"]})

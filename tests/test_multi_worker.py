@@ -5,11 +5,9 @@ the weights must equal a single-process MirroredStrategy(2) run, and every
 worker's tape must watch the containers.
 """
 
-import contextlib
 import json
 import os
 import pathlib
-import socket
 import subprocess
 import sys
 
@@ -17,6 +15,7 @@ import numpy as np
 import tensorflow as tf
 
 import linear_training
+import loopback
 from conftest import DEVICES
 
 TESTS = pathlib.Path(__file__).parent
@@ -24,18 +23,9 @@ WORKERS = 2
 TIMEOUT_SECONDS = 240
 
 
-def free_ports(count):
-    """`count` distinct loopback ports that were free a moment ago."""
-    with contextlib.ExitStack() as stack:
-        sockets = [stack.enter_context(socket.socket()) for _ in range(count)]
-        for sock in sockets:
-            sock.bind(("127.0.0.1", 0))
-        return [sock.getsockname()[1] for sock in sockets]
-
-
 def run_workers():
     """Starts the workers, waits for them, always cleans up; returns their JSON."""
-    ports = free_ports(WORKERS)
+    ports = loopback.free_ports(WORKERS)
     cluster = {"worker": [f"127.0.0.1:{port}" for port in ports]}
     processes = []
     try:
