@@ -1,6 +1,9 @@
-"""One worker of the multi-worker test: trains and prints its result as JSON.
+"""Trains linear_training's model and prints the result as JSON.
 
-Run by tests/test_multi_worker.py with TF_CONFIG naming this worker.
+With TF_CONFIG set: one worker of a MultiWorkerMirroredStrategy cluster.
+Without: the single-process reference, MirroredStrategy over 2 virtual CPUs.
+Run by tests/test_multi_worker.py, each in a fresh process (a process holds
+one device layout and one set of collective groups).
 """
 
 import json
@@ -11,17 +14,22 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 import tensorflow as tf  # pylint: disable=g-import-not-at-top
 
-import tfdtape  # pylint: disable=g-import-not-at-top,unused-import
+import tfdtape  # pylint: disable=g-import-not-at-top
+from tfdtape import testing  # pylint: disable=g-import-not-at-top
 import linear_training  # pylint: disable=g-import-not-at-top
 
 
 def main():
-    task_index = json.loads(os.environ["TF_CONFIG"])["task"]["index"]
-    strategy = tf.distribute.MultiWorkerMirroredStrategy()
+    if "TF_CONFIG" in os.environ:
+        task = json.loads(os.environ["TF_CONFIG"])["task"]["index"]
+        strategy = tf.distribute.MultiWorkerMirroredStrategy()
+    else:
+        task = None
+        strategy = testing.mirrored_strategy(linear_training.REPLICAS)
     kernel, bias, watched_containers = linear_training.train(
-        strategy, replica_id_of_worker=task_index)
+        strategy, replica_id_of_worker=task)
     print(json.dumps({
-        "task": task_index,
+        "task": task,
         "replicas": strategy.num_replicas_in_sync,
         "tfdtape_installed": tfdtape.is_installed(),
         "watched_containers": watched_containers,

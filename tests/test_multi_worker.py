@@ -1,8 +1,9 @@
 """MultiWorkerMirroredStrategy with two worker processes on localhost.
 
 Each worker imports tfdtape and trains the linear model of linear_training;
-the weights must equal a single-process MirroredStrategy(2) run, and every
-worker's tape must watch the containers.
+the weights must equal a single-process MirroredStrategy(2) run (itself in a
+third process: its collective groups would clash with this process's
+4-replica strategies), and every worker's tape must watch the containers.
 """
 
 import json
@@ -12,30 +13,26 @@ import subprocess
 import sys
 
 import numpy as np
-import tensorflow as tf
 
-import linear_training
 import loopback
-from conftest import DEVICES
 
 TESTS = pathlib.Path(__file__).parent
 WORKERS = 2
 TIMEOUT_SECONDS = 240
 
 
-def run_workers():
-    """Starts the workers, waits for them, always cleans up; returns their JSON."""
-    ports = loopback.free_ports(WORKERS)
-    cluster = {"worker": [f"127.0.0.1:{port}" for port in ports]}
+def run_processes(tf_configs):
+    """Runs multi_worker_process.py once per TF_CONFIG (None: no cluster), all
+    at once; waits, always cleans up; returns their JSON results in order."""
     processes = []
     try:
-        for index in range(WORKERS):
+        for tf_config in tf_configs:
             env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3",
-                       TF_CONFIG=json.dumps({"cluster": cluster,
-                                             "task": {"type": "worker",
-                                                      "index": index}}),
                        PYTHONPATH=os.pathsep.join(
                            [str(TESTS), os.environ.get("PYTHONPATH", "")]))
+            env.pop("TF_CONFIG", None)
+            if tf_config is not None:
+                env["TF_CONFIG"] = json.dumps(tf_config)
             processes.append(subprocess.Popen(
                 [sys.executable, str(TESTS / "multi_worker_process.py")],
                 env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -54,12 +51,16 @@ def run_workers():
 
 
 def test_two_workers_train_like_one_process_with_two_replicas():
-    results = run_workers()
-    single = tf.distribute.MirroredStrategy(DEVICES[:2])
-    kernel, bias, watched_containers = linear_training.train(single)
-    assert watched_containers
-    assert sorted(r["task"] for r in results) == [0, 1]
-    for result in results:
+    ports = loopback.free_ports(WORKERS)
+    cluster = {"worker": [f"127.0.0.1:{port}" for port in ports]}
+    *workers, single = run_processes(
+        [{"cluster": cluster, "task": {"type": "worker", "index": index}}
+         for index in range(WORKERS)] + [None])
+    assert single["replicas"] == 2 and single["watched_containers"] is True
+    kernel = np.array(single["kernel"])
+    bias = np.array(single["bias"])
+    assert [r["task"] for r in workers] == [0, 1]
+    for result in workers:
         assert result["replicas"] == 2
         assert result["tfdtape_installed"] is True
         assert result["watched_containers"] is True
