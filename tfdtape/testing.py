@@ -84,7 +84,9 @@ def _variables_accessed_unresolved(variables):
 
 
 # TensorFlow 2.12 resolves inline in these functions; switching its native
-# resolution off means replacing them with these resolver-free versions.
+# resolution off means replacing them with these resolver-free versions, and
+# counting how many blocks have it off.
+_inline_resolution_switched_off = 0
 _UNRESOLVED_FUNCTIONS = {
     "watch_variable": _watch_variable_unresolved,
     "variable_accessed": _variable_accessed_unresolved,
@@ -102,8 +104,9 @@ def native_resolver_is_registered():
     if compat.HAS_RESOLVER_REGISTRY:
         return (tape_module._variables_override  # pylint: disable=protected-access
                 is not tape_module.default_get_variables)
-    return all(vars(tape_module).get(name) is not unresolved
-               for name, unresolved in _UNRESOLVED_FUNCTIONS.items())
+    # 2.12: tfdtape may sit on top of the resolver-free functions, so the
+    # module attributes cannot tell; _native_resolver keeps count.
+    return _inline_resolution_switched_off == 0
 
 
 def native_resolution_description():
@@ -136,12 +139,15 @@ def _native_resolver(enabled):
         finally:
             tape_module._variables_override = saved  # pylint: disable=protected-access
     else:
+        global _inline_resolution_switched_off
         saved = {name: vars(tape_module)[name] for name in _UNRESOLVED_FUNCTIONS}
         for name, unresolved in _UNRESOLVED_FUNCTIONS.items():
             setattr(tape_module, name, unresolved)
+        _inline_resolution_switched_off += 1
         try:
             yield
         finally:
+            _inline_resolution_switched_off -= 1
             for name, original in saved.items():
                 setattr(tape_module, name, original)
 
