@@ -125,6 +125,7 @@ def _native_resolver(enabled):
     Switching it off in TensorFlow 2.12 replaces the tape functions, so
     tfdtape must be uninstalled then.
     """
+    global _inline_resolution_switched_off
     if enabled and not native_resolver_is_registered():
         raise RuntimeError("tfdtape.testing: TensorFlow's native resolver was "
                            "switched off outside tfdtape.testing; cannot "
@@ -139,7 +140,6 @@ def _native_resolver(enabled):
         finally:
             tape_module._variables_override = saved  # pylint: disable=protected-access
     else:
-        global _inline_resolution_switched_off
         saved = {name: vars(tape_module)[name] for name in _UNRESOLVED_FUNCTIONS}
         for name, unresolved in _UNRESOLVED_FUNCTIONS.items():
             setattr(tape_module, name, unresolved)
