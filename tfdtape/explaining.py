@@ -85,7 +85,7 @@ def _reason(source, watched, recorded_without_reads):
 
     distributed = resolution.is_distributed_variable(source)
     components = list(source.values) if distributed else []
-    container = _container_of(source)
+    container = resolution.container_of(source)
     in_replica_context = compat.strategy_context.get_replica_context() is not None
     if distributed and in_replica_context and any(holds(c) for c in components):
         return WRONG_CONTEXT, (
@@ -127,13 +127,6 @@ def _tf_variable(source):
         if isinstance(value, variables.Variable):
             return value
     return source
-
-
-def _container_of(source):
-    """The distributed container of a component variable, or None."""
-    handle = getattr(source, "_handle", None)
-    reference = getattr(handle, "__dict__", {}).get("_distributed_container")
-    return reference() if reference is not None else None
 
 
 def _label(source):

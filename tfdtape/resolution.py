@@ -88,6 +88,16 @@ def resolve(variable):
     return (strategy.extended.value_container(variable),)
 
 
+def container_of(variable):
+    """The distributed container `variable` is a component of, or None.
+
+    Reads the same back-reference as `resolve`, without its fast path.
+    """
+    handle = getattr(variable, "_handle", None)
+    reference = getattr(handle, "__dict__", {}).get(_CONTAINER_REFERENCE)
+    return reference() if reference is not None else None
+
+
 def is_distributed_variable(value):
     """True for a `tf.distribute` variable container such as `MirroredVariable`."""
     return isinstance(value, _VARIABLE_TYPES)

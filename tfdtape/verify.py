@@ -61,14 +61,14 @@ def run_check(check, strategy):
             observations[configuration] = checks_lib.observe_safely(check, strategy)
     result = CheckResult(check, observations, PASS, "",
                          time.perf_counter() - start)
-    failures = [f"{configuration}: {result.configuration_failure(configuration)}"
-                for configuration in JUDGED
-                if result.configuration_failure(configuration)]
+    reasons = {configuration: result.configuration_failure(configuration)
+               for configuration in (*JUDGED, "pre_seed")}
+    failures = [f"{configuration}: {reasons[configuration]}"
+                for configuration in JUDGED if reasons[configuration]]
     if failures:
         result.status, result.message = FAIL, "; ".join(failures)
-    elif result.configuration_failure("pre_seed"):
-        result.status = NOT_DISCRIMINATING
-        result.message = result.configuration_failure("pre_seed")
+    elif reasons["pre_seed"]:
+        result.status, result.message = NOT_DISCRIMINATING, reasons["pre_seed"]
     return result
 
 
