@@ -1,5 +1,8 @@
 """Bad input to watch / resolve: a clear error, and the tape stays usable."""
 
+import contextlib
+
+import numpy as np
 import pytest
 import tensorflow as tf
 
@@ -16,8 +19,19 @@ BAD_INPUTS = {
     "None": (lambda strategy: None, "found None of type NoneType"),
     "str": (lambda strategy: "weights", "found 'weights' of type str"),
     "float": (lambda strategy: 1.5, "found 1.5 of type float"),
+}
+
+NOT_RESOLVABLE = {
+    **BAD_INPUTS,
     "PerReplica": (per_replica_value,
                    "found a PerReplica holding one value per replica"),
+    "list": (lambda strategy: [tf.constant(1.0)],
+             "found an object of type list"),
+    "dict": (lambda strategy: {"w": tf.constant(1.0)},
+             "found an object of type dict"),
+    "ndarray": (lambda strategy: np.ones(2, np.float32),
+                "found an object of type ndarray"),
+    "Module": (lambda strategy: tf.Module(), "found an object of type Module"),
 }
 
 
@@ -43,13 +57,15 @@ def test_watch_rejects_and_the_tape_stays_usable(strategy, configuration, bad):
     assert f"in TensorFlow {tf.__version__}." in text
 
 
-@pytest.mark.parametrize("bad", sorted(BAD_INPUTS))
+@pytest.mark.parametrize("bad", sorted(NOT_RESOLVABLE))
 def test_resolve_rejects(strategy, bad):
-    make_bad, found = BAD_INPUTS[bad]
-    with pytest.raises(tfdtape.NotWatchableError) as raised:
-        tfdtape.resolve(make_bad(strategy))
-    text = str(raised.value)
-    assert "(tfdtape.resolve)" in text and found in text
+    make_bad, found = NOT_RESOLVABLE[bad]
+    value = make_bad(strategy)
+    for context in (contextlib.nullcontext(), strategy.scope()):
+        with context, pytest.raises(tfdtape.NotWatchableError) as raised:
+            tfdtape.resolve(value)
+        text = str(raised.value)
+        assert "(tfdtape.resolve)" in text and found in text
 
 
 def test_watch_rejects_an_arbitrary_object():

@@ -28,7 +28,9 @@ from tensorflow.python.util import nest
 
 from tfdtape import compat
 from tfdtape import errors
+from tfdtape import keras_variables
 from tfdtape import resolution
+from tfdtape import unrecorded_reads
 
 _WATCH_SYMBOL = "tf.GradientTape.watch"
 _GRADIENT_SYMBOL = "tf.GradientTape.gradient"
@@ -37,42 +39,58 @@ _GRADIENT_SYMBOL = "tf.GradientTape.gradient"
 def watch(self, tensor):
     """Ensures that `tensor` (a tensor, variable or nested structure) is traced.
 
-    Distributed variables are watched as `tfdtape.resolve` resolves them: the
-    container in replica context, every local component in cross-replica
-    context. Everything in `tensor` is checked before anything is watched.
+    Variables are watched as `tfdtape.resolve` resolves them: the container
+    in replica context, every local component of a distributed variable in
+    cross-replica context. A Keras 3 variable is watched as the `tf.Variable`
+    it wraps (stock TensorFlow refuses it). Composite tensors, `PerReplica`
+    values among them, are split into their component tensors, as stock
+    TensorFlow does. Everything in `tensor` is checked and resolved before
+    anything is watched.
 
     Raises:
         tfdtape.errors.NotWatchableError: a ValueError (as TensorFlow raises)
             and TypeError, when `tensor` holds something that is neither a
-            tensor nor a variable; nothing is watched then.
+            tensor nor a variable, or a distributed variable of another
+            strategy; nothing is watched then.
     """
-    for item in _watchables(tensor):
+    items = _watchables(tensor)
+    for item in items:
+        if _is_variable(item):
+            resolution.resolve(item)  # Raises before anything is watched.
+    for item in items:
         if not backprop_util.IsTrainable(item):
             logging.log_first_n(
                 logging.WARN, "GradientTape.watch: a tensor of dtype %r has "
                 "no gradient; watch floating-point tensors only.", 5, item.dtype)
-        if resolution.is_distributed_variable(item) or hasattr(item, "handle"):
+        if _is_variable(item):
             tape_module.watch_variable(self._tape, item)  # pylint: disable=protected-access
         else:
             tape_module.watch(self._tape, item)  # pylint: disable=protected-access
 
 
+def _is_variable(item):
+    """True for what the tape watches through its handle: variables."""
+    return resolution.is_distributed_variable(item) or hasattr(item, "handle")
+
+
 def _watchables(structure):
-    """The tensors and variables in `structure`, composites split into parts."""
+    """The tensors and variables in `structure`: Keras 3 variables replaced by
+    the tf.Variables they wrap, composites split into their parts."""
     found = []
     for item in nest.flatten(structure):
+        item = keras_variables.unwrap(item, _WATCH_SYMBOL)
         if _pywrap_utils.IsTensor(item) or _pywrap_utils.IsVariable(item):
             found.append(item)
-            continue
-        resolution.check_watchable(item, _WATCH_SYMBOL)
-        if not isinstance(item, composite_tensor.CompositeTensor):
+        elif isinstance(item, composite_tensor.CompositeTensor):
+            parts = type_spec.type_spec_from_value(item)._to_components(item)  # pylint: disable=protected-access
+            found.extend(_watchables(parts))
+        else:
+            resolution.check_watchable(item, _WATCH_SYMBOL)
             raise errors.NotWatchableError(errors.message(
                 "cannot watch this object", _WATCH_SYMBOL,
                 "a tf.Tensor, tf.Variable or ExtensionType",
                 f"an object of type {type(item).__name__}",
                 "Pass tensors or variables to GradientTape.watch"))
-        parts = type_spec.type_spec_from_value(item)._to_components(item)  # pylint: disable=protected-access
-        found.extend(_watchables(parts))
     return found
 
 
@@ -80,21 +98,25 @@ def make_gradient(original_gradient):
     """Returns a `GradientTape.gradient` that also accepts distributed sources.
 
     In cross-replica context, a source that is an ON_WRITE distributed
-    variable (such as a `MirroredVariable`) gets the total derivative: the sum
-    of the gradients with respect to its local components. Everything else
-    goes to `original_gradient` unchanged.
+    variable (such as a `MirroredVariable`), or a Keras 3 variable wrapping
+    one, gets the total derivative: the sum of the gradients with respect to
+    its local components. Everything else goes to `original_gradient`
+    unchanged.
     """
 
     @functools.wraps(original_gradient)
     def gradient(self, target, sources, output_gradients=None,
                  unconnected_gradients=UnconnectedGradients.NONE):
         flat_sources = nest.flatten(sources)
-        if not (any(map(resolution.is_distributed_variable, flat_sources)) and
+        if not (any(map(_is_distributed_source, flat_sources)) and
                 values_util.get_current_replica_id_as_int() is None):
             return original_gradient(
                 self, target, sources, output_gradients=output_gradients,
                 unconnected_gradients=unconnected_gradients)
-        components, spans = _split_distributed_sources(flat_sources)
+        flat_variables = [keras_variables.unwrap(source, _GRADIENT_SYMBOL)
+                          for source in flat_sources]
+        components, spans = _split_distributed_sources(flat_variables)
+        unrecorded_reads.check(self, flat_variables, _GRADIENT_SYMBOL)
         flat_gradients = original_gradient(
             self, target, components, output_gradients=output_gradients,
             unconnected_gradients=unconnected_gradients)
@@ -102,6 +124,37 @@ def make_gradient(original_gradient):
         return nest.pack_sequence_as(sources, totals)
 
     return gradient
+
+
+def make_push_tape(original_push_tape):
+    """Returns a `GradientTape._push_tape` that reports to `unrecorded_reads`."""
+
+    @functools.wraps(original_push_tape)
+    def _push_tape(self):
+        is_new = self._tape is None  # pylint: disable=protected-access
+        original_push_tape(self)
+        unrecorded_reads.tape_pushed(self, is_new)
+
+    return _push_tape
+
+
+def make_pop_tape(original_pop_tape):
+    """Returns a `GradientTape._pop_tape` that reports to `unrecorded_reads`."""
+
+    @functools.wraps(original_pop_tape)
+    def _pop_tape(self):
+        original_pop_tape(self)
+        unrecorded_reads.tape_popped(self)
+
+    return _pop_tape
+
+
+def _is_distributed_source(source):
+    """True for a distributed variable, or a Keras 3 variable wrapping one."""
+    if resolution.is_distributed_variable(source):
+        return True
+    return (keras_variables.is_keras_variable(source) and
+            resolution.is_distributed_variable(vars(source).get("_value")))
 
 
 def _split_distributed_sources(flat_sources):

@@ -12,10 +12,13 @@ import numbers
 
 from tensorflow.python.distribute import mirrored_strategy
 from tensorflow.python.distribute import values as values_lib
+from tensorflow.python.distribute import values_util
 from tensorflow.python.framework import ops
 from tensorflow.python.ops import resource_variable_ops
+from tensorflow.python.util import _pywrap_utils
 
 from tfdtape import errors
+from tfdtape import keras_variables
 
 _ResourceVariable = resource_variable_ops.ResourceVariable
 _CONTAINER_REFERENCE = "_distributed_container"
@@ -23,6 +26,7 @@ _AGGREGATING_REFERENCE = "_aggregating_container"
 _REPLICA_VALUE_TYPES = (values_lib.DistributedValues,)
 _VARIABLE_TYPES = (values_lib.DistributedVariable,)
 _get_default_graph = ops.get_default_graph
+_RESOLVE_SYMBOL = "tfdtape.resolve"
 
 # Strategy type -> whether its extended.value_container is MirroredStrategy's
 # (also MultiWorkerMirroredStrategy's), which maps a ResourceVariable
@@ -46,13 +50,16 @@ def _value_container_follows_reference(strategy_type, strategy):
 def resolve(variable):
     """Returns the tuple of variables a tape watches for `variable` here.
 
-    Anything that is not a variable, such as a `tf.Tensor`, comes back
-    unchanged as a 1-tuple.
+    `variable` is a `tf.Variable` (distributed or not), a Keras 3 variable
+    (resolved as the `tf.Variable` it wraps) or a `tf.Tensor` (which comes
+    back unchanged as a 1-tuple).
 
     Raises:
-        tfdtape.errors.NotWatchableError: `variable` is None, a Python scalar
-            or string, or a per-replica value such as `PerReplica` (not a
-            variable).
+        tfdtape.errors.NotWatchableError: `variable` is anything else (None,
+            a Python number, string, list or dict, a NumPy array, a
+            per-replica value such as `PerReplica`), or, in replica context,
+            a distributed variable of another strategy that has no component
+            for the current replica.
     """
     # A ResourceVariable that belongs to a container has a weak reference to
     # it: a distributed variable's component in its handle's __dict__ (read
@@ -60,16 +67,36 @@ def resolve(variable):
     # an AggregatingVariable's inner variable (CentralStorageStrategy,
     # ParameterServerStrategy) in its own __dict__. A variable with neither
     # is plain and resolves to itself in every context.
-    reference = None
-    is_container = False
     if type(variable) is _ResourceVariable:
         reference = variable._handle.__dict__.get(_CONTAINER_REFERENCE)  # pylint: disable=protected-access
         if reference is None and _AGGREGATING_REFERENCE not in variable.__dict__:
             return (variable,)  # Plain: itself in every context.
-    else:
-        is_container = isinstance(variable, _VARIABLE_TYPES)
-        if not is_container:
-            check_watchable(variable, "tfdtape.resolve")
+        return _resolve_in_context(variable, reference, False)
+    if isinstance(variable, _VARIABLE_TYPES):
+        return _resolve_in_context(variable, None, True)
+    inner = keras_variables.wrapped_variable(variable, _RESOLVE_SYMBOL)
+    if inner is not None:
+        return resolve(inner)
+    check_watchable(variable, _RESOLVE_SYMBOL)
+    if not (_pywrap_utils.IsTensor(variable) or
+            _pywrap_utils.IsVariable(variable)):
+        raise errors.NotWatchableError(errors.message(
+            "cannot resolve this object", _RESOLVE_SYMBOL,
+            "one tf.Variable, Keras variable or tf.Tensor",
+            f"an object of type {type(variable).__name__}",
+            "Resolve each variable of a structure on its own"))
+    return _resolve_in_context(variable, None, False)
+
+
+def _resolve_in_context(variable, reference, is_container):
+    """`resolve` for a variable or tensor that may belong to a strategy.
+
+    Args:
+        variable: what to resolve.
+        reference: the weak reference to `variable`'s distributed container
+            when it is a component, else None.
+        is_container: whether `variable` is a distributed container.
+    """
     stack = _get_default_graph()._distribution_strategy_stack  # pylint: disable=protected-access
     if not stack:
         # The default strategy's replica context: its value_container is the
@@ -79,13 +106,46 @@ def resolve(variable):
     strategy = mode.strategy
     if mode.replica_context is None:
         return tuple(strategy.experimental_local_results(variable))
+    container = variable if is_container else (
+        reference() if reference is not None else None)
+    if (container is not None and
+            container._distribute_strategy is not strategy):  # pylint: disable=protected-access
+        _check_has_replica_component(container, strategy)
     if _value_container_follows_reference(type(strategy), strategy):
-        if is_container:
-            return (variable,)
+        if container is not None:
+            return (container,)
         if reference is not None:
-            container = reference()
-            return (variable if container is None else container,)
+            return (variable,)  # Its container is gone.
     return (strategy.extended.value_container(variable),)
+
+
+def _check_has_replica_component(container, strategy):
+    """Raises if `container`, a distributed variable of another strategy than
+    the current `strategy`, has no component for the current replica.
+
+    Stock TensorFlow reads such a variable in the replicas it has components
+    for, and fails with an IndexError in the others; tfdtape says why.
+    """
+    replica_id = values_util.get_current_replica_id_as_int()
+    components = len(container._values)  # pylint: disable=protected-access
+    if replica_id is None or replica_id < components:
+        return
+    owner = container._distribute_strategy  # pylint: disable=protected-access
+    raise errors.NotWatchableError(errors.message(
+        f"variable {container.name!r} belongs to another strategy",
+        "tf.GradientTape.watch",
+        f"a variable of the current strategy, {_describe_strategy(strategy)}",
+        f"a {type(container).__name__} of {_describe_strategy(owner)}, which "
+        f"has {components} local components and none for replica "
+        f"{replica_id}",
+        "Create the variable inside the scope of the strategy whose "
+        "strategy.run uses it"))
+
+
+def _describe_strategy(strategy):
+    """E.g. 'a MirroredStrategy with 2 replicas'."""
+    return (f"a {type(strategy).__name__} with "
+            f"{strategy.num_replicas_in_sync} replicas")
 
 
 def container_of(variable):

@@ -3,28 +3,35 @@
 Each does what TensorFlow's function of the same name does, with the
 variables resolved by `tfdtape.resolution.resolve` instead of TensorFlow's
 own resolver hook (`tape._variables_override`), so the commit's semantics hold
-whether or not that hook is registered.
+whether or not that hook is registered. A decision is traced only after the
+tape took it, and an eager replica-context read is reported to
+`tfdtape.unrecorded_reads` while a tape records in another thread.
 """
 
 from tensorflow.python import pywrap_tfe
+from tensorflow.python.eager import context
 
 from tfdtape import resolution
 from tfdtape import tracing
+from tfdtape import unrecorded_reads
 
 _tape_watch_variable = pywrap_tfe.TFE_Py_TapeWatchVariable
 _tape_variable_accessed = pywrap_tfe.TFE_Py_TapeVariableAccessed
 _watcher_variable_accessed = pywrap_tfe.TFE_Py_VariableWatcherVariableAccessed
 _resolve = resolution.resolve
+_recording_tapes = unrecorded_reads.recording
+_executing_eagerly = context.executing_eagerly
+_is_distributed_variable = resolution.is_distributed_variable
 
 
 def watch_variable(tape, variable):
     """Marks `variable`, as resolved in the current context, watched by `tape`."""
     watched = _resolve(variable)
-    if tracing.active:
-        tracing.record("watch", variable, watched)
     for var in watched:
         _tape_watch_variable(tape._tape, var)  # pylint: disable=protected-access
         _watcher_variable_accessed(var)
+    if tracing.active:
+        tracing.record("watch", variable, watched)
 
 
 def variable_accessed(variable):
@@ -33,11 +40,13 @@ def variable_accessed(variable):
     The variables notified are `variable` resolved in the current context.
     """
     accessed = _resolve(variable)
-    if tracing.active:
-        tracing.record("access", variable, accessed)
     for var in accessed:
         _tape_variable_accessed(var)
         _watcher_variable_accessed(var)
+    if _recording_tapes and accessed[0] is not variable:
+        _note_if_replica_read(accessed[0])
+    if tracing.active:
+        tracing.record("access", variable, accessed)
 
 
 def variables_accessed(variables):
@@ -49,8 +58,17 @@ def variables_accessed(variables):
     decisions = [(variable, _resolve(variable)) for variable in variables
                  if variable.trainable]
     for variable, accessed in decisions:
-        if tracing.active:
-            tracing.record("access", variable, accessed)
         for var in accessed:
             _tape_variable_accessed(var)
             _watcher_variable_accessed(var)
+        if _recording_tapes and accessed[0] is not variable:
+            _note_if_replica_read(accessed[0])
+        if tracing.active:
+            tracing.record("access", variable, accessed)
+
+
+def _note_if_replica_read(resolved):
+    """Reports an eager read resolved to a distributed container (a replica-
+    context read) to `unrecorded_reads`."""
+    if _is_distributed_variable(resolved) and _executing_eagerly():
+        unrecorded_reads.note_replica_read(resolved)
