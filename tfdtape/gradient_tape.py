@@ -53,15 +53,16 @@ def watch(self, tensor):
             tensor nor a variable, or a distributed variable of another
             strategy; nothing is watched then.
     """
-    items = _watchables(tensor)
-    for item in items:
+    pairs = _watchables(tensor)
+    for item, _ in pairs:
         if _is_variable(item):
             resolution.resolve(item)  # Raises before anything is watched.
-    for item in items:
-        if not backprop_util.IsTrainable(item):
+    for item, watched in pairs:
+        if not backprop_util.IsTrainable(watched):
             logging.log_first_n(
                 logging.WARN, "GradientTape.watch: a tensor of dtype %r has "
-                "no gradient; watch floating-point tensors only.", 5, item.dtype)
+                "no gradient; watch floating-point tensors only.", 5,
+                watched.dtype)
         if _is_variable(item):
             tape_module.watch_variable(self._tape, item)  # pylint: disable=protected-access
         else:
@@ -69,18 +70,25 @@ def watch(self, tensor):
 
 
 def _is_variable(item):
-    """True for what the tape watches through its handle: variables."""
-    return resolution.is_distributed_variable(item) or hasattr(item, "handle")
+    """True for what the tape watches through a variable's handle."""
+    return (resolution.is_distributed_variable(item) or
+            keras_variables.is_keras_variable(item) or hasattr(item, "handle"))
 
 
 def _watchables(structure):
-    """The tensors and variables in `structure`: Keras 3 variables replaced by
-    the tf.Variables they wrap, composites split into their parts."""
+    """The tensors and variables in `structure`, composites split into parts.
+
+    Returns:
+        (item, watched) pairs: `item` as found (a Keras 3 variable stays one,
+        so traces name its path), `watched` the tensor or tf.Variable it is.
+    """
     found = []
     for item in nest.flatten(structure):
-        item = keras_variables.unwrap(item, _WATCH_SYMBOL)
-        if _pywrap_utils.IsTensor(item) or _pywrap_utils.IsVariable(item):
-            found.append(item)
+        inner = keras_variables.wrapped_variable(item, _WATCH_SYMBOL)
+        if inner is not None:
+            found.append((item, inner))
+        elif _pywrap_utils.IsTensor(item) or _pywrap_utils.IsVariable(item):
+            found.append((item, item))
         elif isinstance(item, composite_tensor.CompositeTensor):
             parts = type_spec.type_spec_from_value(item)._to_components(item)  # pylint: disable=protected-access
             found.extend(_watchables(parts))

@@ -1,0 +1,216 @@
+"""Tapes whose recording crosses the replica boundary, and values of other
+strategies.
+
+- A tape opened in cross-replica context around an eager `strategy.run`
+  records nothing the replica threads compute: tfdtape refuses the gradient
+  naming strategy.run instead of returning None (stock TensorFlow raises its
+  handle error). Inside a `tf.function` the reads reach the tape, and the
+  gradient is the total derivative.
+- `tape.watch(per_replica_value)` watches each component, as stock does.
+- A variable of another strategy with no component for the current replica
+  is refused with both strategies named, nothing watched, nothing traced.
+- `jacobian` / `batch_jacobian` with distributed sources in cross-replica
+  context go through tfdtape's `gradient` and give the total derivative.
+"""
+
+import contextlib
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import tfdtape
+from assertions import assert_same_objects
+from conftest import DEVICES
+from keras_models import tf_variable
+from tfdtape.testing import PATCHED_CONFIGURATIONS
+
+HANDLE_UNAVAILABLE = ("DistributedVariable.handle is not available outside "
+                      "the replica context")
+
+
+def reduced_square_loss(strategy, v, traced):
+    """Opens a tape in cross-replica context, runs strategy.run (each replica
+    reads v) and reduces; returns (tape, loss)."""
+    def replicas():
+        return strategy.run(lambda: v * v)
+
+    if traced:
+        replicas = tf.function(replicas)
+    with strategy.scope():
+        with tf.GradientTape() as tape:
+            loss = strategy.reduce("SUM", replicas(), axis=None)
+    return tape, loss
+
+
+def test_eager_strategy_run_under_a_cross_replica_tape_is_refused(
+        strategy, configuration):
+    with strategy.scope():
+        v = tf.Variable(3.0, name="shared")
+    tape, loss = reduced_square_loss(strategy, v, traced=False)
+    assert float(loss) == 36.0
+    with strategy.scope():
+        if configuration not in PATCHED_CONFIGURATIONS:
+            with pytest.raises(ValueError, match=HANDLE_UNAVAILABLE):
+                tape.gradient(loss, v)
+            return
+        with pytest.raises(ValueError) as raised:
+            tape.gradient(loss, v)
+    text = str(raised.value)
+    assert text.startswith("tfdtape: the tape did not record the reads of "
+                           "'shared:0' inside strategy.run")
+    assert f"in TensorFlow {tf.__version__}." in text
+    assert "take the gradient inside the function you pass to strategy.run" in text
+
+
+def test_keras_variables_read_in_eager_strategy_run_are_refused(strategy):
+    with strategy.scope():
+        layer = tf.keras.layers.Dense(1, name="head")
+        layer.build((None, 2))
+        with tf.GradientTape() as tape:
+            outputs = strategy.run(lambda: layer(tf.ones((1, 2))))
+            loss = strategy.reduce("SUM", outputs, axis=None)
+        with pytest.raises(ValueError, match="did not record the reads of "
+                                             "'head/kernel"):
+            tape.gradient(loss, layer.trainable_variables)
+
+
+def test_traced_strategy_run_under_a_cross_replica_tape(strategy, configuration):
+    with strategy.scope():
+        v = tf.Variable(3.0)
+    tape, loss = reduced_square_loss(strategy, v, traced=True)
+    with strategy.scope():
+        if configuration not in PATCHED_CONFIGURATIONS:
+            with pytest.raises(ValueError, match=HANDLE_UNAVAILABLE):
+                tape.gradient(loss, v)
+            return
+        gradient = tape.gradient(loss, v)
+    assert float(gradient) == 24.0  # 4 replicas, each d(v*v)/dv = 6
+
+
+@pytest.mark.parametrize("configuration", PATCHED_CONFIGURATIONS, indirect=True)
+def test_strategy_run_outside_the_recording_is_not_blamed(strategy, configuration):
+    """Reads by strategy.run after the tape stopped recording, or before a
+    reset(), are not the tape's business."""
+    with strategy.scope():
+        v = tf.Variable(3.0)
+        unused = tf.Variable(1.0)
+        with tf.GradientTape(persistent=True) as tape:
+            strategy.run(lambda: unused * 2.0)
+            tape.reset()
+            loss = v * v
+        strategy.run(lambda: v * 2.0)
+        assert float(tape.gradient(loss, v)) == 6.0
+        assert tape.gradient(loss, unused) is None
+
+
+@pytest.mark.parametrize("configuration", PATCHED_CONFIGURATIONS, indirect=True)
+def test_tape_inside_strategy_run_is_unaffected(strategy, configuration):
+    with strategy.scope():
+        v = tf.Variable(3.0)
+
+    def step():
+        with tf.GradientTape() as tape:
+            loss = v * v
+        return tape.gradient(loss, v)
+
+    with strategy.scope(), tf.GradientTape():
+        gradients = strategy.run(step)
+    assert [float(g) for g in strategy.experimental_local_results(gradients)] == [
+        6.0] * 4
+
+
+@pytest.mark.parametrize("where", ["no strategy", "cross-replica"])
+def test_watch_a_per_replica_value_as_stock(strategy, configuration, where):
+    per_replica = strategy.run(lambda: tf.constant(2.0))
+    context = (strategy.scope() if where == "cross-replica"
+               else contextlib.nullcontext())
+    with context:
+        with tf.GradientTape() as tape:
+            tape.watch(per_replica)
+            loss = tf.add_n([c * x * x for c, x in
+                             zip([1.0, 2.0, 3.0, 4.0], per_replica.values)])
+        gradients = tape.gradient(loss, list(per_replica.values))
+    assert [float(g) for g in gradients] == [4.0, 8.0, 12.0, 16.0]
+
+
+def test_watch_a_variable_of_a_smaller_strategy(strategy, configuration):
+    small = tf.distribute.MirroredStrategy(DEVICES[:2])
+    with small.scope():
+        w = tf.Variable(3.0, name="small_w")
+    outcomes = {}
+
+    def step():
+        context = tf.distribute.get_replica_context()
+        replica_id = int(tf.get_static_value(context.replica_id_in_sync_group))
+        with tf.GradientTape(watch_accessed_variables=False) as tape:
+            try:
+                tape.watch(w)
+                outcomes[replica_id] = ("watched", tape.watched_variables())
+            except Exception as error:  # pylint: disable=broad-except
+                outcomes[replica_id] = (error, tape.watched_variables())
+
+    with tfdtape.trace() as trace:
+        strategy.run(step)
+    assert sorted(outcomes) == [0, 1, 2, 3]
+    for replica_id in (0, 1):  # w has components there: watched as stock
+        assert outcomes[replica_id][0] == "watched"
+        assert_same_objects(outcomes[replica_id][1], [w])
+    for replica_id in (2, 3):
+        error, watched = outcomes[replica_id]
+        assert len(watched) == 0
+        if configuration in PATCHED_CONFIGURATIONS:
+            assert isinstance(error, tfdtape.NotWatchableError)
+            text = str(error)
+            assert text.startswith("tfdtape: variable 'small_w:0' belongs to "
+                                   "another strategy (tf.GradientTape.watch)")
+            assert "a MirroredStrategy with 4 replicas" in text
+            assert ("a MirroredVariable of a MirroredStrategy with 2 replicas, "
+                    f"which has 2 local components and none for replica "
+                    f"{replica_id}") in text
+        else:
+            assert isinstance(error, IndexError)
+    watches = [e for e in trace.events if e.kind == "watch"]
+    expected_watches = 2 if configuration in PATCHED_CONFIGURATIONS else 0
+    assert sorted(e.replica_id for e in watches) == list(range(expected_watches))
+
+
+@pytest.mark.parametrize("pfor", [True, False], ids=["pfor", "while_loop"])
+def test_jacobian_with_a_distributed_source(strategy, configuration, pfor):
+    with strategy.scope():
+        v = tf.Variable([1.0, 2.0])
+        with tf.GradientTape(persistent=True) as tape:
+            # target[j] = sum_i (i + 1) * component_i[j]**2
+            target = tf.add_n([(i + 1.0) * c * c for i, c in enumerate(v.values)])
+        if configuration not in PATCHED_CONFIGURATIONS:
+            with pytest.raises(ValueError):
+                tape.jacobian(target, v, experimental_use_pfor=pfor)
+            return
+        jacobian = tape.jacobian(target, v, experimental_use_pfor=pfor)
+    # d target[j] / d v[k] = sum_i (i + 1) * 2 * v[j] * [j == k] = 20 v[j] [j == k]
+    np.testing.assert_array_equal(jacobian.numpy(), [[20.0, 0.0], [0.0, 40.0]])
+
+
+@pytest.mark.parametrize("pfor", [True, False], ids=["pfor", "while_loop"])
+def test_batch_jacobian_with_a_distributed_source(strategy, configuration, pfor):
+    with strategy.scope():
+        v = tf.Variable([[1.0, 2.0], [3.0, 4.0]])  # batch of 2, 2 features
+        with tf.GradientTape(persistent=True) as tape:
+            target = tf.add_n([(i + 1.0) * c * c for i, c in enumerate(v.values)])
+        if configuration not in PATCHED_CONFIGURATIONS:
+            with pytest.raises(ValueError):
+                tape.batch_jacobian(target, v, experimental_use_pfor=pfor)
+            return
+        jacobian = tape.batch_jacobian(target, v, experimental_use_pfor=pfor)
+    expected = np.zeros((2, 2, 2), np.float32)
+    for b in range(2):
+        for j in range(2):
+            expected[b, j, j] = 20.0 * v.values[0].numpy()[b, j]
+    np.testing.assert_array_equal(jacobian.numpy(), expected)
+
+
+def test_keras_variable_unwrap_keeps_tf_variable_identity(strategy):
+    with strategy.scope():
+        layer = tf.keras.layers.Dense(1)
+        layer.build((None, 2))
+    assert tf_variable(layer.kernel) is tfdtape.resolve(layer.kernel)[0]
