@@ -160,6 +160,18 @@ def break_sync_on_read_check(monkeypatch, strategy):
     return strategy
 
 
+def break_distributed_source_detection(monkeypatch, strategy):
+    from tfdtape import gradient_tape
+    monkeypatch.setattr(gradient_tape, "_is_distributed_source", lambda source: False)
+    return strategy
+
+
+def break_unrecorded_read_check(monkeypatch, strategy):
+    from tfdtape import unrecorded_reads
+    monkeypatch.setattr(unrecorded_reads, "check", lambda *args: None)
+    return strategy
+
+
 def use_a_strategy_that_does_not_mirror(monkeypatch, strategy):
     import tensorflow as tf
     return tf.distribute.get_strategy()
@@ -211,6 +223,11 @@ BREAKERS = {
     "cross_replica_watch": (break_resolution, "'raised SystemError"),
     "cross_replica_gradient": (break_total, "'gradient 1'"),
     "sync_on_read_gradient_error": (break_sync_on_read_check, "'no error'"),
+    "keras_cross_replica_gradient": (
+        break_distributed_source_detection,
+        "'raised ValueError: DistributedVariable.handle is not available"),
+    "strategy_run_under_cross_replica_tape": (break_unrecorded_read_check,
+                                              "'gradient None'"),
     "variable_creator_stack": (use_a_strategy_that_does_not_mirror,
                                "'UnliftedInitializerVariable'"),
     "defun_captured_input_resolution": (

@@ -170,6 +170,32 @@ def _sync_on_read_gradient(strategy):
     return "no error"
 
 
+def _keras_cross_replica_gradient(strategy):
+    with strategy.scope():
+        layer = tf.keras.layers.Dense(1, use_bias=False)
+        layer.build((None, 2))
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(layer(tf.constant([[1.0, 2.0], [3.0, 5.0]])))
+        gradient = tape.gradient(loss, layer.trainable_variables)[0]
+    if gradient.numpy().ravel().tolist() == [4.0, 7.0]:
+        return "one-device gradient"
+    return f"gradient {gradient.numpy().ravel().tolist()}"
+
+
+def _strategy_run_under_cross_replica_tape(strategy):
+    with strategy.scope():
+        v = tf.Variable(3.0)
+        with tf.GradientTape() as tape:
+            loss = strategy.reduce("SUM", strategy.run(lambda: v * v), axis=None)
+        try:
+            gradient = tape.gradient(loss, v)
+        except ValueError as error:
+            if "inside strategy.run" in str(error):
+                return "refused, naming strategy.run"
+            raise
+    return f"gradient {gradient}"
+
+
 def _creator_stack(strategy):
     created = []
 
@@ -240,6 +266,14 @@ CHECKS = (
           "In cross-replica context, a SyncOnRead gradient source is refused "
           "with advice to use strategy.run.", _sync_on_read_gradient,
           "refused, naming strategy.run"),
+    Check("keras_cross_replica_gradient",
+          "A tf.keras layer's gradient in cross-replica context (strategy.scope(),"
+          " no strategy.run) equals the one-device gradient.",
+          _keras_cross_replica_gradient, "one-device gradient"),
+    Check("strategy_run_under_cross_replica_tape",
+          "A cross-replica gradient through an eager strategy.run, which the "
+          "tape cannot record, is refused naming strategy.run (never None).",
+          _strategy_run_under_cross_replica_tape, "refused, naming strategy.run"),
     Check("variable_creator_stack",
           "A variable created in a tf.function traced under strategy.scope() "
           "is a MirroredVariable (FuncGraph inherits the creator stack).",
