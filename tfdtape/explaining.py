@@ -7,21 +7,42 @@ the tape watched, the source's kind, and the context the call is made in.
 """
 
 import dataclasses
+import threading
 from typing import Any, List
 
-from tensorflow.python.ops import variables
+from tensorflow.python import pywrap_tfe
+from tensorflow.python.distribute import values_util
+from tensorflow.python.util import _pywrap_utils
 from tensorflow.python.util import nest
 
 from tfdtape import compat
 from tfdtape import errors
+from tfdtape import keras_variables
 from tfdtape import resolution
 
 NOT_WATCHED = "not watched"
+"""A tensor no `tape.watch` call watched, or a variable the tape never
+watched while created with `watch_accessed_variables=False`."""
+
 NOT_READ = "not read while recording"
-CREATED_OUTSIDE_SCOPE = "created outside strategy.scope()"
+"""A variable the tape (watching what it reads) never saw read."""
+
 WATCHED_CONTAINER = "watched as the container"
+"""A distributed variable's component, where the tape watched the container
+(in replica context): the gradient belongs to the container."""
+
 WRONG_CONTEXT = "gradient taken in the wrong context"
+"""A distributed variable whose tape recorded in one context (replica or
+cross-replica) while the gradient is taken in the other, which
+differentiates with respect to what the other context watches."""
+
 NOT_CONNECTED = "not connected to the target"
+"""Watched (or, for a tensor, known to the tape), but the target does not
+depend on it."""
+
+REASONS = (NOT_WATCHED, NOT_READ, WATCHED_CONTAINER, WRONG_CONTEXT,
+           NOT_CONNECTED)
+"""Every reason `explain` gives, in the order it tests them."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -30,7 +51,7 @@ class NoneGradient:
 
     Attributes:
         source: the source, as passed in.
-        reason: one of this module's reason constants.
+        reason: one of `REASONS`.
         message: the explanation, in words.
     """
     source: Any
@@ -59,6 +80,7 @@ def explain(tape, target, sources, **gradient_options):
 
     Raises:
         RuntimeError: the tape was already used by a non-persistent gradient.
+        Whatever `tape.gradient` raises for these arguments.
     """
     if tape._tape is None:  # pylint: disable=protected-access
         raise RuntimeError(errors.message(
@@ -67,67 +89,165 @@ def explain(tape, target, sources, **gradient_options):
             "a non-persistent tape already used by tape.gradient",
             "Call tfdtape.explain instead of tape.gradient, or create the "
             "tape with persistent=True"))
-    recorded_without_reads = not tape._watch_accessed_variables  # pylint: disable=protected-access
+    flat_sources = nest.flatten(sources)
+    tensors = [s for s in flat_sources if _pywrap_utils.IsTensor(s)]
+    known_tensors = _known_to_tape(tape, tensors)
     gradients = tape.gradient(target, sources, **gradient_options)
-    watched = tape.watched_variables()
-    none_gradients = [
-        NoneGradient(source, *_reason(_tf_variable(source), watched,
-                                      recorded_without_reads))
-        for source, gradient in zip(nest.flatten(sources), nest.flatten(gradients))
-        if gradient is None]
+    facts = _Facts(
+        watched=tape.watched_variables(),
+        watches_reads=tape._watch_accessed_variables,  # pylint: disable=protected-access
+        context=_context_now())
+    none_gradients = []
+    for source, gradient in zip(flat_sources, nest.flatten(gradients)):
+        if gradient is None:
+            if _pywrap_utils.IsTensor(source):
+                reason = _tensor_reason(any(source is t for t in known_tensors))
+            else:
+                reason = _variable_reason(
+                    keras_variables.unwrap(source, "tfdtape.explain"), facts)
+            none_gradients.append(NoneGradient(source, *reason))
     return Explanation(gradients, none_gradients)
 
 
-def _reason(source, watched, recorded_without_reads):
-    """(reason, message) for one source whose gradient is None."""
-    def holds(value):
-        return any(value is w for w in watched)
+@dataclasses.dataclass(frozen=True)
+class _Facts:
+    """What the reasons are decided from.
 
-    distributed = resolution.is_distributed_variable(source)
-    components = list(source.values) if distributed else []
-    container = resolution.container_of(source)
-    in_replica_context = compat.strategy_context.get_replica_context() is not None
-    if distributed and in_replica_context and any(holds(c) for c in components):
-        return WRONG_CONTEXT, (
-            "the tape recorded in cross-replica context (inside "
-            "strategy.scope(), outside strategy.run), where it watches the "
-            "components, but the gradient is taken inside strategy.run, where "
-            "each replica differentiates its own component; take the gradient "
-            "where the tape recorded")
-    if container is not None and holds(container):
-        return WATCHED_CONTAINER, (
-            f"the tape watched its container {container.name!r} (a "
-            f"{type(container).__name__}), not this component; take the "
-            "gradient with respect to the container")
-    if holds(source):
+    Attributes:
+        watched: the tape's watched variables.
+        watches_reads: whether the tape watched the variables it saw read.
+        context: where the gradient is taken: "no strategy", "replica" or
+            "cross-replica".
+    """
+    watched: Any
+    watches_reads: bool
+    context: str
+
+    def holds(self, value):
+        return any(value is w for w in self.watched)
+
+
+def _context_now():
+    if compat.strategy_context.get_replica_context() is None:
+        return "cross-replica"
+    if compat.strategy_context.has_strategy():
+        return "replica"
+    return "no strategy"
+
+
+def _known_to_tape(tape, tensors):
+    """The tensors of `tensors` that `tape` watches or computed while
+    recording. Asked in a thread of its own, where no other tape is active."""
+    if not tensors:
+        return []
+    known = []
+
+    def ask():
+        handle = tape._tape._tape  # pylint: disable=protected-access
+        pywrap_tfe.TFE_Py_TapeSetAdd(handle)
+        try:
+            known.extend(t for t in tensors
+                         if pywrap_tfe.TFE_Py_TapeSetShouldRecordBackprop([t]))
+        finally:
+            pywrap_tfe.TFE_Py_TapeSetRemove(handle)
+
+    thread = threading.Thread(target=ask, name="tfdtape-explain")
+    thread.start()
+    thread.join()
+    return known
+
+
+def _tensor_reason(known):
+    """(reason, message) for a tensor source whose gradient is None."""
+    if known:
         return NOT_CONNECTED, (
-            "it was watched, but the target does not depend on it (it was "
-            "read through tf.stop_gradient, a non-differentiable op, or not "
-            "used in the target at all)")
-    if recorded_without_reads:
+            "the tape knows it (watched, or computed while recording), but the "
+            "target does not depend on it")
+    return NOT_WATCHED, (
+        "a tensor is watched only by tape.watch(), and the tape did not watch "
+        "it or compute it while recording; call tape.watch() on it inside the "
+        "tape's with-block")
+
+
+def _variable_reason(source, facts):
+    """(reason, message) for a variable source whose gradient is None."""
+    if resolution.is_distributed_variable(source):
+        found = _distributed_reason(source, facts)
+    else:
+        found = _component_or_plain_reason(source, facts)
+    if found is not None:
+        return found
+    if not facts.watches_reads:
         return NOT_WATCHED, (
             "the tape was created with watch_accessed_variables=False and "
             "tape.watch() was not called for it")
-    if (not distributed and container is None and
-            compat.strategy_context.has_strategy()):
-        return CREATED_OUTSIDE_SCOPE, (
-            "it is a plain variable, created outside strategy.scope(), and the "
-            "tape never saw it read; create it inside strategy.scope() and "
-            "read it inside the tape's with-block")
     return NOT_READ, (
         "the tape never saw it read: it was read before the tape started "
         "recording (or outside its with-block), or not read at all")
 
 
-def _tf_variable(source):
-    """The tf.Variable a Keras 3 variable wraps (its `.value`); else `source`."""
-    wrapped = getattr(type(source), "value", None)
-    if isinstance(wrapped, property):
-        value = source.value
-        if isinstance(value, variables.Variable):
-            return value
-    return source
+def _distributed_reason(source, facts):
+    """The reason for a distributed variable the tape knows in some form,
+    or None when it knows it in none.
+
+    Where the gradient is taken decides what the variable stands for: in
+    cross-replica context all its components (tfdtape's total derivative),
+    in replica context the current replica's component, outside any strategy
+    its first component.
+    """
+    components = list(source.values)
+    if facts.context == "cross-replica":
+        if facts.holds(source) or any(facts.holds(c) for c in components):
+            return _not_connected()
+        return None
+    differentiated = components[_replica_index() if facts.context == "replica"
+                                else 0]
+    # The tape watches the container through the handle of the component the
+    # context picks, which is the one differentiated here (a container
+    # watched inside another replica's strategy.run cannot be told apart).
+    if facts.holds(differentiated) or facts.holds(source):
+        return _not_connected()
+    if not any(facts.holds(c) for c in components):
+        return None
+    where = ("inside strategy.run, where each replica differentiates its own "
+             "component" if facts.context == "replica" else
+             "outside any strategy, where the variable stands for its first "
+             "component")
+    return WRONG_CONTEXT, (
+        "the tape recorded in cross-replica context (inside strategy.scope(), "
+        "outside strategy.run), where it watches the components, but the "
+        f"gradient is taken {where}; take the gradient where the tape "
+        "recorded")
+
+
+def _component_or_plain_reason(source, facts):
+    """The reason for a component or plain variable the tape knows in some
+    form, or None when it knows it in none."""
+    if facts.holds(source):
+        return _not_connected()
+    container = resolution.container_of(source)
+    if container is None or not facts.holds(container):
+        return None
+    if (facts.context == "replica" and
+            container.values[_replica_index()] is source):
+        return _not_connected()  # The container's handle here is this one's.
+    return WATCHED_CONTAINER, (
+        f"the tape watched its container {container.name!r} (a "
+        f"{type(container).__name__}), not this component; take the "
+        "gradient with respect to the container")
+
+
+def _replica_index():
+    """The current replica's index (replica context only)."""
+    return values_util.get_current_replica_id_as_int()
+
+
+def _not_connected():
+    return NOT_CONNECTED, (
+        "it was watched, but the target does not depend on it (it was "
+        "read through tf.stop_gradient, a non-differentiable op, or not "
+        "used in the target at all)")
 
 
 def _label(source):
-    return f"{type(source).__name__} {getattr(source, 'name', '')!r}".strip()
+    return f"{type(source).__name__} {keras_variables.label(source)!r}"

@@ -151,9 +151,14 @@ def _describe_strategy(strategy):
 def container_of(variable):
     """The distributed container `variable` is a component of, or None.
 
-    Reads the same back-reference as `resolve`, without its fast path.
+    None for a container itself (which reaches its primary component's
+    handle, and so the back-reference, through attribute delegation) and for
+    anything that is not a component. Reads the same back-reference as
+    `resolve`, without its fast path.
     """
-    handle = getattr(variable, "_handle", None)
+    if is_distributed_variable(variable):
+        return None
+    handle = vars(variable).get("_handle") if hasattr(variable, "__dict__") else None
     reference = getattr(handle, "__dict__", {}).get(_CONTAINER_REFERENCE)
     return reference() if reference is not None else None
 
