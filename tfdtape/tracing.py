@@ -19,6 +19,7 @@ from typing import Optional, Tuple
 from tensorflow.python.framework import tensor_util
 
 from tfdtape import compat
+from tfdtape import keras_variables
 
 active = False  # True while at least one trace is open; read on the hot path.
 _open_traces = []
@@ -71,7 +72,7 @@ class Trace:
 
 
 def _name(value):
-    return str(getattr(value, "name", type(value).__name__))
+    return keras_variables.label(value)
 
 
 def _short_device(value):
