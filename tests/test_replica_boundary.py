@@ -150,7 +150,8 @@ def test_watch_a_variable_of_a_smaller_strategy(strategy, configuration):
             except Exception as error:  # pylint: disable=broad-except
                 outcomes[replica_id] = (error, tape.watched_variables())
 
-    with tfdtape.trace() as trace:
+    patched = configuration in PATCHED_CONFIGURATIONS
+    with tfdtape.trace() if patched else contextlib.nullcontext() as trace:
         strategy.run(step)
     assert sorted(outcomes) == [0, 1, 2, 3]
     for replica_id in (0, 1):  # w has components there: watched as stock
@@ -170,9 +171,9 @@ def test_watch_a_variable_of_a_smaller_strategy(strategy, configuration):
                     f"{replica_id}") in text
         else:
             assert isinstance(error, IndexError)
-    watches = [e for e in trace.events if e.kind == "watch"]
-    expected_watches = 2 if configuration in PATCHED_CONFIGURATIONS else 0
-    assert sorted(e.replica_id for e in watches) == list(range(expected_watches))
+    if patched:  # Only the watches that happened, in replicas 0 and 1.
+        watches = [e for e in trace.events if e.kind == "watch"]
+        assert sorted(e.replica_id for e in watches) == [0, 1]
 
 
 @pytest.mark.parametrize("pfor", [True, False], ids=["pfor", "while_loop"])

@@ -1,8 +1,11 @@
 """tfdtape.trace(): every watch decision, from every replica thread."""
 
+import pytest
 import tensorflow as tf
+from tensorflow.python.eager import tape as tape_module
 
 import tfdtape
+from tfdtape import testing
 from tfdtape import tracing
 
 
@@ -54,3 +57,25 @@ def test_trace_is_off_outside_the_block():
     assert (trace.events[0].context, trace.events[0].strategy) == (
         "replica", "_DefaultDistributionStrategy")
     assert trace.events[0].replica_id == 0
+
+
+def test_a_trace_needs_tfdtape_installed():
+    with testing.stock():
+        with pytest.raises(RuntimeError) as raised:
+            with tfdtape.trace():
+                pass
+    text = str(raised.value)
+    assert text.startswith("tfdtape: cannot open a trace: tfdtape is not "
+                           "installed (tfdtape.trace)")
+    assert f"in TensorFlow {tf.__version__}. Call tfdtape.install() first" in text
+    assert not tracing.active
+
+
+def test_a_failed_watch_is_not_traced(strategy):
+    with tfdtape.trace() as trace:
+        with tf.GradientTape() as tape:
+            with pytest.raises(tfdtape.NotWatchableError):
+                tape.watch([tf.constant(1.0), None])
+            with pytest.raises(tfdtape.NotWatchableError):
+                tape_module.watch_variable(tape._tape, "weights")
+    assert trace.events == []

@@ -19,6 +19,7 @@ from typing import Optional, Tuple
 from tensorflow.python.framework import tensor_util
 
 from tfdtape import compat
+from tfdtape import errors
 from tfdtape import keras_variables
 
 active = False  # True while at least one trace is open; read on the hot path.
@@ -84,10 +85,25 @@ def _short_device(value):
 def trace():
     """Records every watch decision made inside the block, from any thread.
 
+    Only tfdtape's tape functions report decisions, so a trace needs tfdtape
+    installed; it does not install tfdtape itself, which would change the
+    program it observes.
+
     Yields:
         the `Trace` whose `events` fill in as decisions are made.
+
+    Raises:
+        RuntimeError: tfdtape is not installed.
     """
     global active
+    from tfdtape import patching  # pylint: disable=g-import-not-at-top
+    if not patching.is_installed():
+        raise RuntimeError(errors.message(
+            "cannot open a trace: tfdtape is not installed", "tfdtape.trace",
+            "tfdtape's tape functions in TensorFlow, which report each watch "
+            "decision", "TensorFlow's own, which report nothing",
+            "Call tfdtape.install() first (`import tfdtape` does, unless "
+            "TFDTAPE_AUTOINSTALL=0)"))
     recording = Trace()
     with _lock:
         _open_traces.append(recording)
