@@ -24,7 +24,7 @@ setuptools.setup(
     long_description_content_type="text/markdown",
     packages=["tfdtape"],
     py_modules=["tfdtape_pytest"],
-    entry_points={"pytest11": ["tfdtape = tfdtape_pytest"]},
+    entry_points={"pytest11": ["tfdtape_pytest = tfdtape_pytest"]},
     python_requires=">=3.9",
     install_requires=["absl-py>=1.0"],
     extras_require={

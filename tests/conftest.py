@@ -18,6 +18,12 @@ REPLICAS = 4
 DEVICES = testing.virtual_cpus(REPLICAS)
 
 
+def pytest_configure(config):
+    config.addinivalue_line(
+        "markers", "pip_installed: needs tfdtape pip-installed (its pytest11 "
+        "entry point); Bazel targets deselect it")
+
+
 @pytest.fixture(scope="session")
 def strategy():
     """MirroredStrategy over the session's 4 virtual CPUs."""

@@ -1,7 +1,16 @@
-"""The pytest11 plugin, exercised the way a downstream project uses it."""
+"""The pytest plugin, exercised the way downstream projects use it.
 
+Where tfdtape is pip-installed, pytest loads the plugin through its `pytest11`
+entry point; where it is not (a Bazel monorepo depending on
+`@tfdtape//:tfdtape`), `-p tfdtape_pytest` loads it. Both name it
+`tfdtape_pytest`, so passing `-p` where it is installed too is harmless.
+"""
+
+import importlib.metadata
 import subprocess
 import sys
+
+import pytest
 
 pytest_plugins = ["pytester"]
 
@@ -45,7 +54,20 @@ def test_plugin_loads_without_tensorflow():
     assert out == ["False", "False"]
 
 
-def test_downstream_tests_use_the_fixtures(pytester):
+def test_downstream_tests_use_the_fixtures_loaded_with_p(pytester):
+    pytester.makepyfile(test_downstream=DOWNSTREAM_TEST)
+    pytester.makeini("[pytest]\n")
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider",
+                                           "-p", "tfdtape_pytest")
+    result.assert_outcomes(passed=2)
+
+
+@pytest.mark.pip_installed
+def test_the_entry_point_loads_the_plugin_where_tfdtape_is_installed(pytester):
+    entry_points = importlib.metadata.entry_points(group="pytest11")
+    assert [(e.name, e.value) for e in entry_points
+            if e.value == "tfdtape_pytest"] == [("tfdtape_pytest",
+                                                  "tfdtape_pytest")]
     pytester.makepyfile(test_downstream=DOWNSTREAM_TEST)
     pytester.makeini("[pytest]\n")
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
@@ -59,6 +81,6 @@ import pytest
 def test_x(virtual_cpus):
     pass
 ''')
-    result = pytester.runpytest_subprocess()
+    result = pytester.runpytest_subprocess("-p", "tfdtape_pytest")
     result.stdout.fnmatch_lines(["*tfdtape_replicas must be a positive integer, found 'many'*"])
     assert result.ret != 0

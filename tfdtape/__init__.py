@@ -14,11 +14,13 @@ line instead of a traceback.
 """
 
 import importlib
+import importlib.util
 import os
 import sys
 
 from tfdtape.errors import NotWatchableError
 from tfdtape.errors import PatchConflictError
+from tfdtape.errors import PatchInUseError
 from tfdtape.errors import UnsupportedTensorFlowError
 from tfdtape.versions import RELEASE as __version__
 
@@ -33,7 +35,7 @@ _TENSORFLOW_NAMES = {
     "explain": "tfdtape.explaining",
 }
 
-__all__ = ["NotWatchableError", "PatchConflictError",
+__all__ = ["NotWatchableError", "PatchConflictError", "PatchInUseError",
            "UnsupportedTensorFlowError", *_TENSORFLOW_NAMES]
 
 _AUTOINSTALL_VARIABLE = "TFDTAPE_AUTOINSTALL"
@@ -60,13 +62,37 @@ def _autoinstall_requested():
 
 
 def _imported_by_command_line():
-    """True while `python -m tfdtape` is locating tfdtape.__main__."""
-    argv = getattr(sys, "orig_argv", [])
-    if sys.argv[:1] != ["-m"] or "-m" not in argv:
+    """True while `python -m tfdtape` (or `-mtfdtape`) is locating
+    tfdtape.__main__."""
+    if sys.argv[:1] != ["-m"]:
         return False
-    position = argv.index("-m")
-    return argv[position + 1:position + 2] == ["tfdtape"]
+    arguments = iter(getattr(sys, "orig_argv", [])[1:])
+    for argument in arguments:
+        if argument == "-m":
+            return next(arguments, None) == "tfdtape"
+        if argument.startswith("-m"):
+            return argument == "-mtfdtape"
+    return False
+
+
+_REQUIRED_MODULES = (("absl", "absl-py"),
+                     ("tensorflow", "tensorflow-cpu or tensorflow"))
+
+
+def _check_required_modules():
+    """Raises ModuleNotFoundError naming a missing dependency of the patch,
+    and the command that installs it."""
+    for module, distribution in _REQUIRED_MODULES:
+        if importlib.util.find_spec(module) is None:
+            raise ModuleNotFoundError(
+                f"tfdtape: cannot install the patch: the module {module!r} "
+                f"({distribution}) is not installed. Install tfdtape with "
+                'TensorFlow: pip install "tfdtape[cpu]" (or '
+                'pip install "tfdtape[tensorflow]"); set '
+                f"{_AUTOINSTALL_VARIABLE}=0 to import tfdtape without it",
+                name=module)
 
 
 if not _imported_by_command_line() and _autoinstall_requested():
+    _check_required_modules()
     importlib.import_module("tfdtape.patching").install()

@@ -1,6 +1,6 @@
 """pytest_test: one py_test target running one pytest module of tests/."""
 
-def pytest_test(name, size = "medium", tags = [], deps = []):
+def pytest_test(name, size = "medium", tags = [], deps = [], pytest_args = []):
     """A py_test that runs tests/<name>.py under pytest.
 
     Args:
@@ -8,13 +8,14 @@ def pytest_test(name, size = "medium", tags = [], deps = []):
       size: Bazel's test size (sets the timeout).
       tags: Bazel tags.
       deps: extra dependencies besides //:tfdtape.
+      pytest_args: extra pytest arguments, e.g. a marker expression.
     """
     native.py_test(
         name = name,
         size = size,
         srcs = ["tests/run_pytest.py", "tests/%s.py" % name],
         main = "tests/run_pytest.py",
-        args = ["tests/%s.py" % name],
+        args = ["tests/%s.py" % name] + pytest_args,
         data = [":test_support"],
         deps = ["//:tfdtape"] + deps,
         python_version = "PY3",

@@ -1,0 +1,59 @@
+"""`import tfdtape` where TensorFlow or absl-py is missing: one clear error
+naming the missing module and the install command."""
+
+import os
+import pathlib
+import subprocess
+import sys
+
+import absl
+
+REPOSITORY = pathlib.Path(__file__).resolve().parent.parent
+
+
+def import_tfdtape_with(path_entries, autoinstall="1"):
+    """Imports tfdtape in `python -S` (no site-packages) with only
+    `path_entries` and the repository on sys.path."""
+    program = ("import sys\n"
+               f"sys.path[:0] = {[str(p) for p in path_entries]!r}\n"
+               f"sys.path.insert(0, {str(REPOSITORY)!r})\n"
+               "import tfdtape\n"
+               "print('imported', tfdtape.__version__)\n")
+    env = dict(os.environ, TFDTAPE_AUTOINSTALL=autoinstall)
+    env.pop("PYTHONPATH", None)
+    return subprocess.run([sys.executable, "-S", "-c", program], env=env,
+                          capture_output=True, text=True, timeout=120)
+
+
+def last_line(text):
+    return text.strip().splitlines()[-1]
+
+
+def test_without_absl_and_tensorflow():
+    completed = import_tfdtape_with([])
+    assert completed.returncode == 1
+    assert last_line(completed.stderr) == (
+        "ModuleNotFoundError: tfdtape: cannot install the patch: the module "
+        "'absl' (absl-py) is not installed. Install tfdtape with TensorFlow: "
+        'pip install "tfdtape[cpu]" (or pip install "tfdtape[tensorflow]"); '
+        "set TFDTAPE_AUTOINSTALL=0 to import tfdtape without it")
+
+
+def test_without_tensorflow(tmp_path):
+    only_absl = tmp_path / "site"
+    only_absl.mkdir()
+    (only_absl / "absl").symlink_to(pathlib.Path(absl.__file__).parent)
+    completed = import_tfdtape_with([only_absl])
+    assert completed.returncode == 1
+    assert last_line(completed.stderr) == (
+        "ModuleNotFoundError: tfdtape: cannot install the patch: the module "
+        "'tensorflow' (tensorflow-cpu or tensorflow) is not installed. Install "
+        'tfdtape with TensorFlow: pip install "tfdtape[cpu]" (or pip install '
+        '"tfdtape[tensorflow]"); set TFDTAPE_AUTOINSTALL=0 to import tfdtape '
+        "without it")
+
+
+def test_without_autoinstall_nothing_is_needed():
+    completed = import_tfdtape_with([], autoinstall="0")
+    assert completed.returncode == 0, completed.stderr
+    assert completed.stdout.startswith("imported ")
