@@ -18,10 +18,20 @@ class UnsupportedTensorFlowError(RuntimeError):
 
 
 class PatchConflictError(RuntimeError):
-    """Something other than tfdtape replaced a function tfdtape patched.
+    """Another library's patch holds a function tfdtape patches.
 
-    Raised by `tfdtape.uninstall()` instead of overwriting the other patch;
-    nothing is restored when it is raised.
+    Raised by `tfdtape.install()` when the other patch was there first, and
+    by `tfdtape.uninstall()` when it came after (it wraps or replaced
+    tfdtape's function), instead of dropping that patch; nothing is patched
+    or restored when it is raised.
+    """
+
+
+class PatchInUseError(RuntimeError):
+    """`tfdtape.uninstall()` was called while `tfdtape.patched()` blocks are open.
+
+    Nothing is restored; the last block to close restores the state from
+    before the first one opened.
     """
 
 
