@@ -20,9 +20,16 @@ from tensorflow.python.util import _pywrap_utils
 from tfdtape import errors
 from tfdtape import keras_variables
 
-_ResourceVariable = resource_variable_ops.ResourceVariable
-_CONTAINER_REFERENCE = "_distributed_container"
-_AGGREGATING_REFERENCE = "_aggregating_container"
+RESOURCE_VARIABLE = resource_variable_ops.ResourceVariable
+CONTAINER_REFERENCE = "_distributed_container"
+"""Key of a component's back-reference to its distributed container, in its
+handle's `__dict__`."""
+AGGREGATING_REFERENCE = "_aggregating_container"
+"""Key of an AggregatingVariable's inner variable's back-reference, in the
+inner variable's own `__dict__`.
+
+A ResourceVariable with neither is plain: it resolves to itself in every
+context (`tape_functions.variable_accessed` inlines that test)."""
 _REPLICA_VALUE_TYPES = (values_lib.DistributedValues,)
 _VARIABLE_TYPES = (values_lib.DistributedVariable,)
 _get_default_graph = ops.get_default_graph
@@ -67,9 +74,9 @@ def resolve(variable):
     # an AggregatingVariable's inner variable (CentralStorageStrategy,
     # ParameterServerStrategy) in its own __dict__. A variable with neither
     # is plain and resolves to itself in every context.
-    if type(variable) is _ResourceVariable:
-        reference = variable._handle.__dict__.get(_CONTAINER_REFERENCE)  # pylint: disable=protected-access
-        if reference is None and _AGGREGATING_REFERENCE not in variable.__dict__:
+    if type(variable) is RESOURCE_VARIABLE:
+        reference = variable._handle.__dict__.get(CONTAINER_REFERENCE)  # pylint: disable=protected-access
+        if reference is None and AGGREGATING_REFERENCE not in variable.__dict__:
             return (variable,)  # Plain: itself in every context.
         return _resolve_in_context(variable, reference, False)
     if isinstance(variable, _VARIABLE_TYPES):
@@ -159,7 +166,7 @@ def container_of(variable):
     if is_distributed_variable(variable):
         return None
     handle = vars(variable).get("_handle") if hasattr(variable, "__dict__") else None
-    reference = getattr(handle, "__dict__", {}).get(_CONTAINER_REFERENCE)
+    reference = getattr(handle, "__dict__", {}).get(CONTAINER_REFERENCE)
     return reference() if reference is not None else None
 
 

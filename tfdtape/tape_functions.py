@@ -19,6 +19,9 @@ _tape_watch_variable = pywrap_tfe.TFE_Py_TapeWatchVariable
 _tape_variable_accessed = pywrap_tfe.TFE_Py_TapeVariableAccessed
 _watcher_variable_accessed = pywrap_tfe.TFE_Py_VariableWatcherVariableAccessed
 _resolve = resolution.resolve
+_ResourceVariable = resolution.RESOURCE_VARIABLE
+_CONTAINER_REFERENCE = resolution.CONTAINER_REFERENCE
+_AGGREGATING_REFERENCE = resolution.AGGREGATING_REFERENCE
 _recording_tapes = unrecorded_reads.recording
 _executing_eagerly = context.executing_eagerly
 _is_distributed_variable = resolution.is_distributed_variable
@@ -39,6 +42,17 @@ def variable_accessed(variable):
 
     The variables notified are `variable` resolved in the current context.
     """
+    # Every eager read of a trainable variable lands here, and most are of
+    # plain ResourceVariables, which resolve to themselves: `resolve`'s first
+    # test, inlined, skips the call, the tuple and the loop for them.
+    if (type(variable) is _ResourceVariable and
+            _CONTAINER_REFERENCE not in variable._handle.__dict__ and  # pylint: disable=protected-access
+            _AGGREGATING_REFERENCE not in variable.__dict__):
+        _tape_variable_accessed(variable)
+        _watcher_variable_accessed(variable)
+        if tracing.active:
+            tracing.record("access", variable, (variable,))
+        return
     accessed = _resolve(variable)
     for var in accessed:
         _tape_variable_accessed(var)
