@@ -131,10 +131,13 @@ def test_uninstall_refuses_to_clobber_a_foreign_patch():
         assert "tfdtape" in tape_module.variable_accessed.__module__
     finally:
         tape_module.watch_variable = ours
-    text = str(raised.value)
-    assert "tensorflow.python.eager.tape.watch_variable" in text
-    assert f"TensorFlow {tf.__version__}" in text
-    assert "Remove the other patch first" in text
+    assert str(raised.value) == (
+        "tfdtape: cannot uninstall: another patch replaced tfdtape's "
+        "(tensorflow.python.eager.tape.watch_variable): expected tfdtape's "
+        "replacement, found test_lifecycle.test_uninstall_refuses_to_clobber_"
+        "a_foreign_patch.<locals>.foreign_watch_variable in TensorFlow "
+        f"{tf.__version__}. Remove the other patch first (restore tfdtape's "
+        "function), then call tfdtape.uninstall() again.")
 
 
 def test_missing_function_is_refused_before_anything_is_patched(
@@ -152,14 +155,59 @@ def test_missing_function_is_refused_before_anything_is_patched(
     assert isinstance(raised.value, RuntimeError)
 
 
+def tensorflow_function(source, module):
+    """The function `source` defines, compiled as if `module` defined it."""
+    namespace = {}
+    exec(compile(source, module.__file__, "exec"), vars(module), namespace)  # pylint: disable=exec-used
+    (function,) = namespace.values()
+    return function
+
+
 def test_function_of_another_shape_is_refused(uninstalled, monkeypatch):
-    monkeypatch.setattr(tape_module, "watch_variable", lambda variable: None)
+    changed = tensorflow_function("def watch_variable(variable):\n    pass\n",
+                                  tape_module)
+    monkeypatch.setattr(tape_module, "watch_variable", changed)
     with pytest.raises(tfdtape.UnsupportedTensorFlowError,
                        match=r"unexpected shape \(tensorflow\.python\.eager\."
                              r"tape\.watch_variable\): expected \(tape, "
                              r"variable\), found \(variable\)"):
         tfdtape.install()
     assert not tfdtape.is_installed()
+    assert tape_module.variable_accessed is uninstalled["variable_accessed"]
+
+
+def test_another_librarys_function_is_a_conflict_not_an_unsupported_tensorflow(
+        uninstalled, monkeypatch):
+    monkeypatch.setattr(tape_module, "watch_variable", lambda variable: None)
+    with pytest.raises(tfdtape.PatchConflictError) as raised:
+        tfdtape.install()
+    assert str(raised.value).startswith(
+        "tfdtape: cannot install: another patch holds a function tfdtape "
+        "replaces (tensorflow.python.eager.tape.watch_variable): expected "
+        "TensorFlow's own function, found test_lifecycle.test_another_librarys_"
+        "function_is_a_conflict_not_an_unsupported_tensorflow.<locals>.<lambda> "
+        f"in TensorFlow {tf.__version__}.")
+    assert not tfdtape.is_installed()
+    assert tape_module.variable_accessed is uninstalled["variable_accessed"]
+
+
+def test_the_testing_stand_ins_count_as_tensorflows_functions(monkeypatch):
+    """TensorFlow 2.12's way of switching native resolution off, here on any
+    TensorFlow: tfdtape.testing puts resolver-free tape functions in place,
+    and tfdtape installs over them and puts them back."""
+    from tfdtape import compat
+    from tfdtape import testing
+    monkeypatch.setattr(compat, "HAS_RESOLVER_REGISTRY", False)
+    stand_in = testing._variable_accessed_unresolved  # pylint: disable=protected-access
+    with testing.tfdtape_alone():
+        assert tfdtape.is_installed()
+        assert targets.original_of(tape_module.variable_accessed) is stand_in
+        with testing.pre_seed():
+            assert tape_module.variable_accessed is stand_in
+        assert targets.original_of(tape_module.variable_accessed) is stand_in
+    assert tfdtape.is_installed()
+    assert "/tensorflow/python/eager/" in targets.original_of(
+        tape_module.variable_accessed).__code__.co_filename
 
 
 def test_missing_internal_is_refused(uninstalled, monkeypatch):
@@ -200,7 +248,8 @@ def test_a_failing_replacement_rolls_back(uninstalled, monkeypatch):
 
     real_targets = targets.patch_targets
     monkeypatch.setattr(targets, "patch_targets", lambda: real_targets() + [
-        targets.PatchTarget(Frozen, "method", ("self",), lambda original: None)])
+        targets.PatchTarget(Frozen, "method", ("self",),
+                            lambda original: lambda self: "replaced")])
     with pytest.raises(AttributeError, match="Frozen is read-only"):
         tfdtape.install()
     assert not tfdtape.is_installed()

@@ -1,14 +1,21 @@
 """Installing and uninstalling tfdtape's patch: atomic, idempotent, reversible.
 
-All state lives here, behind one lock, so several threads (MirroredStrategy
-runs replica functions in threads) can call these at once. `install()` checks
-every target before it replaces any, and puts back what it replaced if a
-replacement fails; `uninstall()` restores TensorFlow's exact original
-function objects, and refuses if anything else has replaced one of them since.
+Whether tfdtape is installed is read from TensorFlow itself: it is installed
+while a patch target holds one of tfdtape's replacements, and each replacement
+carries the function it replaced (`targets.original_of`). So a reload of any
+tfdtape module, which resets module globals, can neither lose TensorFlow's
+originals nor make `install()` take tfdtape's own functions for them.
+
+The rest of the state (one lock, and the open `patched()` blocks) is kept
+across `importlib.reload`, which re-runs this module in its old namespace, and
+made fresh in a forked child, where the threads that held the lock or opened
+blocks do not exist.
 """
 
 import contextlib
+import os
 import threading
+import types
 
 from absl import logging
 
@@ -16,92 +23,191 @@ from tfdtape import errors
 from tfdtape import targets
 from tfdtape import versions
 
-_lock = threading.RLock()
-_applied = None  # While installed: [(target, original, replacement), ...].
+
+def _new_state():
+    """The lock, the open patched() blocks ({block: thread id}), and whether
+    tfdtape was installed when the first of them opened."""
+    return types.SimpleNamespace(lock=threading.RLock(), blocks={},
+                                 installed_before_blocks=False)
+
+
+# importlib.reload re-runs this module in the same namespace: keep the state
+# the module had, or blocks open at the reload would be forgotten.
+_state = globals().get("_state") or _new_state()
 
 
 def is_installed():
-    """True while tfdtape's patch is installed."""
-    return _applied is not None
+    """True while TensorFlow holds tfdtape's replacements."""
+    return any(target.holder() == targets.TFDTAPE
+               for target in targets.patch_targets())
 
 
 def install():
     """Installs the patch into TensorFlow; returns True if this call did it.
 
+    A target already holding tfdtape's replacement is kept as it is. Inside
+    open `patched()` blocks tfdtape is installed, so this returns False.
+
     Raises:
         UnsupportedTensorFlowError: this TensorFlow is outside the supported
             range, or an internal tfdtape patches or calls is missing or has
             an unexpected shape. Nothing is patched then.
+        PatchConflictError: tfdtape is not installed and another library's
+            patch holds a function tfdtape replaces. Nothing is patched then.
     """
-    global _applied
-    with _lock:
-        if _applied is not None:
-            return False
-        plan = _plan()
-        done = []
-        try:
-            for target, original, replacement in plan:
-                setattr(target.owner, target.attribute, replacement)
-                done.append((target, original))
-        except BaseException:
-            for target, original in reversed(done):
-                setattr(target.owner, target.attribute, original)
-            raise
-        _applied = plan
-        logging.info("tfdtape: installed into TensorFlow %s, replacing %s",
-                     errors.tensorflow_version(),
-                     ", ".join(target.symbol for target, _, _ in plan))
-        return True
+    with _state.lock:
+        return _install_locked()
 
 
 def uninstall():
     """Restores TensorFlow's original functions; returns True if this call did it.
 
     Raises:
-        PatchConflictError: something else replaced a function tfdtape
-            patched. Nothing is restored then.
+        PatchInUseError: `patched()` blocks are open (the last one to close
+            restores the state from before the first). Nothing is restored.
+        PatchConflictError: something else holds a function tfdtape
+            patched, such as a wrapper around tfdtape's. Nothing is restored.
     """
-    global _applied
-    with _lock:
-        if _applied is None:
-            return False
-        foreign = [target.symbol for target, _, replacement in _applied
-                   if target.current() is not replacement]
-        if foreign:
-            raise errors.PatchConflictError(errors.message(
-                "cannot uninstall: another patch replaced tfdtape's",
-                ", ".join(foreign), "tfdtape's replacement",
-                "a different object",
-                "Remove the other patch first (restore tfdtape's function), "
-                "then call tfdtape.uninstall() again"))
-        for target, original, _ in reversed(_applied):
-            setattr(target.owner, target.attribute, original)
-        _applied = None
-        return True
+    with _state.lock:
+        if _state.blocks:
+            raise errors.PatchInUseError(errors.message(
+                "cannot uninstall while tfdtape.patched() blocks are open",
+                "tfdtape.uninstall", "no open tfdtape.patched() block",
+                f"{len(_state.blocks)} open",
+                "Call tfdtape.uninstall() after the blocks close, or leave it "
+                "to them: the last block to close restores the state from "
+                "before the first"))
+        return _uninstall_locked()
 
 
 @contextlib.contextmanager
 def patched():
-    """Installs tfdtape inside the block; restores the previous state after."""
-    installed_here = install()
+    """Installs tfdtape inside the block; restores the previous state after.
+
+    Blocks nest and overlap across threads: tfdtape stays installed while any
+    is open, and the last to close restores the state from before the first
+    opened. An exception raised in the block propagates unchanged; if
+    restoring then fails (another patch now wraps tfdtape's functions), the
+    PatchConflictError's message is added to it as a note.
+
+    Raises:
+        UnsupportedTensorFlowError, PatchConflictError: on entry, as
+            `install()`; on exit, PatchConflictError if the state cannot be
+            restored and the block raised nothing.
+    """
+    block = _open_block()
     try:
         yield
-    finally:
-        if installed_here:
-            uninstall()
+    except BaseException as error:
+        _close_block(block, error)
+        raise
+    _close_block(block, None)
 
 
 def preflight():
-    """Checks what install() would check; returns the targets it would patch.
+    """Checks what install() would check; returns the targets it would keep
+    (they hold tfdtape's replacement) or patch.
 
     Raises:
-        UnsupportedTensorFlowError: as install() would.
+        UnsupportedTensorFlowError, PatchConflictError: as install() would.
     """
-    return [target for target, _, _ in _plan()]
+    held, pending = _plan()
+    return held + [target for target, _ in pending]
+
+
+def _open_block():
+    """Counts a new open block, installing tfdtape; returns the block's key."""
+    with _state.lock:
+        if not _state.blocks:
+            _state.installed_before_blocks = is_installed()
+        _install_locked()
+        block = object()
+        _state.blocks[block] = threading.get_ident()
+        return block
+
+
+def _close_block(block, error):
+    """Closes `block`; the last one restores the state before the first.
+
+    A PatchConflictError from restoring is raised, or added as a note to
+    `error`, the exception the block raised.
+    """
+    with _state.lock:
+        del _state.blocks[block]
+        if _state.blocks or _state.installed_before_blocks:
+            return
+        try:
+            _uninstall_locked()
+        except errors.PatchConflictError as conflict:
+            if error is None:
+                raise
+            _add_note(error, f"While leaving tfdtape.patched(): {conflict}")
+
+
+def _add_note(error, note):
+    """Adds `note` to `error` (exception notes, PEP 678; Python < 3.11 keeps
+    them in __notes__ without printing them)."""
+    if hasattr(error, "add_note"):
+        error.add_note(note)
+    else:
+        error.__notes__ = [*getattr(error, "__notes__", ()), note]
+
+
+def _install_locked():
+    """install() with the lock held."""
+    _, pending = _plan()
+    if not pending:
+        return False
+    done = []
+    try:
+        for target, original in pending:
+            setattr(target.owner, target.attribute, target.replacement(original))
+            done.append((target, original))
+    except BaseException:
+        for target, original in reversed(done):
+            setattr(target.owner, target.attribute, original)
+        raise
+    logging.info("tfdtape: installed into TensorFlow %s, replacing %s",
+                 errors.tensorflow_version(),
+                 ", ".join(target.symbol for target, _ in pending))
+    return True
 
 
 def _plan():
-    """Checks everything, then returns [(target, original, replacement)]."""
+    """Checks what install() checks; returns (held, pending): the targets
+    holding tfdtape's replacement, and [(target, original)] for the targets
+    install() would patch now (those holding TensorFlow's function).
+
+    With tfdtape installed, a target held by another patch is left alone: the
+    patch wraps tfdtape's function, or was put there while tfdtape was
+    installed. With tfdtape not installed, it is a conflict.
+    """
+    survey = [(target, target.holder()) for target in targets.patch_targets()]
+    held = [target for target, holder in survey if holder == targets.TFDTAPE]
+    waiting = [target for target, holder in survey
+               if holder in (targets.TENSORFLOW, targets.MISSING)]
+    if held and not waiting:
+        return held, []
+    _check_tensorflow()
+    foreign = [target for target, holder in survey if holder == targets.FOREIGN]
+    if foreign and not held:
+        raise errors.PatchConflictError(errors.message(
+            "cannot install: another patch holds a function tfdtape replaces",
+            ", ".join(target.symbol for target in foreign),
+            "TensorFlow's own function",
+            ", ".join(targets.describe(target.current()) for target in foreign),
+            "tfdtape cannot tell what that patch does with the variable, and "
+            "would stop calling it. Import tfdtape before the library that "
+            "installed it (its wrapper then wraps tfdtape's function and both "
+            "run, that wrapper first), or remove that patch"))
+    pending = [(target, target.check()) for target in waiting]
+    return held, [(target, original) for target, original in pending
+                  if original is not None]
+
+
+def _check_tensorflow():
+    """Raises UnsupportedTensorFlowError for an unsupported release or a
+    missing internal."""
     version = errors.tensorflow_version()
     if not versions.is_supported(version):
         raise errors.UnsupportedTensorFlowError(errors.message(
@@ -110,9 +216,42 @@ def _plan():
             f"Install tensorflow-cpu{versions.TENSORFLOW_REQUIREMENT} (or "
             "tensorflow), or a tfdtape release that supports this one"))
     targets.check_required_symbols()
-    plan = []
-    for target in targets.patch_targets():
-        original = target.check()
-        if original is not None:
-            plan.append((target, original, target.make_replacement(original)))
-    return plan
+
+
+def _uninstall_locked():
+    """uninstall() with the lock held, open blocks not considered."""
+    survey = [(target, target.holder(), target.current())
+              for target in targets.patch_targets()]
+    ours = [(target, current) for target, holder, current in survey
+            if holder == targets.TFDTAPE]
+    if not ours:
+        return False
+    foreign = [(target, current) for target, holder, current in survey
+               if holder == targets.FOREIGN]
+    if foreign:
+        raise errors.PatchConflictError(errors.message(
+            "cannot uninstall: another patch replaced tfdtape's",
+            ", ".join(target.symbol for target, _ in foreign),
+            "tfdtape's replacement",
+            ", ".join(targets.describe(current) for _, current in foreign),
+            "Remove the other patch first (restore tfdtape's function), "
+            "then call tfdtape.uninstall() again"))
+    for target, current in reversed(ours):
+        setattr(target.owner, target.attribute, targets.original_of(current))
+    return True
+
+
+def _after_fork_in_child():
+    """In a forked child: a fresh lock, and only the forking thread's blocks
+    (the other threads, which may hold the lock or blocks, are gone).
+
+    Idempotent, so a reload registering it again does no harm.
+    """
+    _state.lock = threading.RLock()
+    forking_thread = threading.get_ident()
+    _state.blocks = {block: thread for block, thread in _state.blocks.items()
+                     if thread == forking_thread}
+
+
+if hasattr(os, "register_at_fork"):  # POSIX
+    os.register_at_fork(after_in_child=_after_fork_in_child)

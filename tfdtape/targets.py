@@ -2,10 +2,23 @@
 
 `install()` and `uninstall()` both walk `patch_targets()`, and `info` reports
 from it, so the three cannot drift apart.
+
+Each target says who holds it now (`PatchTarget.holder()`):
+- TFDTAPE: one of tfdtape's replacements. Each is a function made for one
+  install that carries the function it replaced (`original_of`), so
+  TensorFlow's originals live in TensorFlow's own attributes, where neither a
+  reload of a tfdtape module nor a fresh import of tfdtape can drop them.
+- TENSORFLOW: TensorFlow's own function, judged by the namespace its code runs
+  in (`__globals__`), which `functools.wraps` does not copy, not by its
+  `__module__` or name, which it does.
+- FOREIGN: anything else: another library's patch.
+- MISSING: the attribute is absent.
 """
 
 import dataclasses
 import inspect
+import sys
+import types
 from typing import Callable, Tuple
 
 from tensorflow.python import pywrap_tfe
@@ -21,6 +34,21 @@ from tfdtape import gradient_tape
 from tfdtape import tape_functions
 
 _MISSING = object()
+
+TFDTAPE = "tfdtape"
+TENSORFLOW = "tensorflow"
+FOREIGN = "foreign"
+MISSING = "missing"
+
+_MARK = "__tfdtape_patch__"  # On a replacement: (the replacement, its original).
+
+STAND_IN_MODULES = ("tfdtape.testing",)
+"""Modules whose functions count as TensorFlow's own for every target.
+
+`tfdtape.testing` switches TensorFlow 2.12's inline resolution off by putting
+resolver-free tape functions in place (the pre_seed and tfdtape_alone
+configurations); while they are there, they are TensorFlow's functions.
+"""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,6 +80,32 @@ class PatchTarget:
         """The attribute as the owner holds it now (not bound), or None."""
         return vars(self.owner).get(self.attribute)
 
+    def holder(self):
+        """Who holds the attribute now: TFDTAPE, TENSORFLOW, FOREIGN or MISSING."""
+        value = vars(self.owner).get(self.attribute, _MISSING)
+        if value is _MISSING:
+            return MISSING
+        if original_of(value) is not None:
+            return TFDTAPE
+        if self._is_tensorflows(value):
+            return TENSORFLOW
+        return FOREIGN
+
+    def _is_tensorflows(self, value):
+        """True if `value` is a plain function whose code runs in the module
+        that defines the owner (or in a module of STAND_IN_MODULES)."""
+        if type(value) is not types.FunctionType:  # pylint: disable=unidiomatic-typecheck
+            return False  # Proxies such as wrapt's pass isinstance checks.
+        home = (sys.modules.get(self.owner.__module__)
+                if isinstance(self.owner, type) else self.owner)
+        modules = [home] + [sys.modules.get(name) for name in STAND_IN_MODULES]
+        return any(module is not None and value.__globals__ is vars(module)
+                   for module in modules)
+
+    def replacement(self, original):
+        """tfdtape's replacement for `original`, made for this install."""
+        return _marked_copy(self.make_replacement(original), original)
+
     def check(self):
         """Returns the original, or None for a missing optional attribute.
 
@@ -75,6 +129,49 @@ class PatchTarget:
                 _signature_text(found) if found is not None else repr(original),
                 _UPGRADE_ADVICE))
         return original
+
+
+def original_of(value):
+    """The function a tfdtape replacement replaced, or None for anything else.
+
+    Only the replacement itself qualifies: a `functools.wraps` wrapper copies
+    its attributes and a proxy forwards them, but neither is the object the
+    mark names.
+    """
+    if type(value) is not types.FunctionType:  # pylint: disable=unidiomatic-typecheck
+        return None
+    mark = vars(value).get(_MARK)
+    if mark is None or mark[0] is not value:
+        return None
+    return mark[1]
+
+
+def _marked_copy(function, original):
+    """A copy of `function` (same code, globals, closure and attributes: no
+    extra call layer) that carries `original` as the function it replaces."""
+    copy = types.FunctionType(function.__code__, function.__globals__,
+                              function.__name__, function.__defaults__,
+                              function.__closure__)
+    copy.__kwdefaults__ = function.__kwdefaults__
+    copy.__qualname__ = function.__qualname__
+    copy.__module__ = function.__module__
+    copy.__doc__ = function.__doc__
+    copy.__annotations__ = dict(function.__annotations__)
+    copy.__dict__.update(function.__dict__)
+    copy.__dict__[_MARK] = (copy, original)
+    return copy
+
+
+def describe(value):
+    """What `value` is, for a message: a function's defining module and
+    qualified name (from its code, which `functools.wraps` does not copy), or
+    an object's type."""
+    if type(value) is types.FunctionType:  # pylint: disable=unidiomatic-typecheck
+        code = value.__code__
+        name = getattr(code, "co_qualname", code.co_name)  # co_qualname: 3.11+
+        return f"{value.__globals__.get('__name__', '?')}.{name}"
+    kind = type(value)
+    return f"a {kind.__module__}.{kind.__qualname__} object"
 
 
 _UPGRADE_ADVICE = ("Install a TensorFlow release that tfdtape supports (see "
@@ -142,6 +239,10 @@ def patch_targets():
                     _unchanged(gradient_tape.watch)),
         PatchTarget(backprop.GradientTape, "gradient", gradient_parameters,
                     gradient_tape.make_gradient),
+        PatchTarget(backprop.GradientTape, "_push_tape", ("self",),
+                    gradient_tape.make_push_tape),
+        PatchTarget(backprop.GradientTape, "_pop_tape", ("self",),
+                    gradient_tape.make_pop_tape),
     ]
     table += [PatchTarget(cls, defun.RESOLVER_METHOD, ("self",),
                           defun.make_resolver_replacement)

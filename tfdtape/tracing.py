@@ -13,6 +13,7 @@ recorded; reads of distributed variables always are.
 
 import contextlib
 import dataclasses
+import os
 import threading
 from typing import Optional, Tuple
 
@@ -112,7 +113,8 @@ def trace():
         yield recording
     finally:
         with _lock:
-            _open_traces.remove(recording)
+            if recording in _open_traces:  # A fork closed it in this child.
+                _open_traces.remove(recording)
             active = bool(_open_traces)
 
 
@@ -135,3 +137,19 @@ def _replica_index(replica_context):
     value = tensor_util.constant_value(replica_id) if not isinstance(
         replica_id, int) else replica_id
     return None if value is None else int(value)
+
+
+def _close_traces_after_fork():
+    """In a forked child: no trace open (the parent's stay the parent's), and
+    a fresh lock (a thread that held it does not exist in the child).
+
+    Idempotent, so a reload registering it again does no harm.
+    """
+    global active, _lock
+    _lock = threading.Lock()
+    _open_traces.clear()
+    active = False
+
+
+if hasattr(os, "register_at_fork"):  # POSIX
+    os.register_at_fork(after_in_child=_close_traces_after_fork)

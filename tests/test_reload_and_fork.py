@@ -1,0 +1,233 @@
+"""tfdtape across importlib.reload and os.fork, each in a fresh interpreter.
+
+Both run in the three configurations of test_coexistence (stock,
+tfdtape_alone, pre_seed): one subprocess per kind runs all three and reports
+what it observed as JSON.
+"""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+CONFIGURATIONS = ("stock", "tfdtape_alone", "pre_seed")
+
+COMMON = """
+import json, os, sys
+os.environ["TF_CPP_MIN_LOG_LEVEL"] = "3"
+import tensorflow as tf
+import tfdtape
+from tfdtape import targets, testing
+
+def holders():
+    return {t.symbol: t.current() for t in targets.patch_targets()}
+
+def without_tfdtape():
+    return {s: targets.original_of(h) or h for s, h in holders().items()}
+
+def same(found, expected):
+    return found.keys() == expected.keys() and all(
+        found[s] is expected[s] for s in expected)
+"""
+
+RELOAD = COMMON + """
+import importlib, pkgutil
+MODULES = ["tfdtape"] + sorted(
+    f"tfdtape.{info.name}" for info in pkgutil.iter_modules(tfdtape.__path__))
+for name in MODULES:
+    importlib.import_module(name)
+
+def reload_and_observe(name, before, tensorflow, installed):
+    importlib.reload(sys.modules[name])
+    patching = sys.modules["tfdtape.patching"]
+    seen = {"installed after reload": patching.is_installed(),
+            "holders kept": same(holders(), before)}
+    with patching.patched():
+        inside = holders()
+        importlib.reload(sys.modules[name])
+        patching = sys.modules["tfdtape.patching"]
+        seen["installed after reload in a block"] = patching.is_installed()
+        seen["holders kept in the block"] = same(holders(), inside)
+        seen["install in the block returned"] = patching.install()
+        try:
+            patching.uninstall()
+            seen["uninstall in the block"] = "returned"
+        except RuntimeError as error:
+            seen["uninstall in the block"] = type(error).__name__
+    seen["state before the block restored"] = same(holders(), before)
+    seen["install returned"] = patching.install()
+    seen["originals recorded are TensorFlow's"] = all(
+        targets.original_of(h) is tensorflow[s] for s, h in holders().items())
+    seen["uninstall returned"] = patching.uninstall()
+    seen["TensorFlow's originals restored"] = same(holders(), tensorflow)
+    if installed:
+        patching.install()
+    return seen
+
+
+report = {}
+for configuration in %(configurations)r:
+    for name in MODULES:
+        with testing.configuration(configuration):
+            installed = tfdtape.is_installed()
+            report.setdefault(configuration, {})[name] = reload_and_observe(
+                name, holders(), without_tfdtape(), installed)
+print(json.dumps(report))
+"""
+
+FORK = COMMON + """
+import select, signal, threading
+from tensorflow.python.eager import tape as tape_module
+from tfdtape import patching, tracing
+
+variable = tf.Variable(1.0)
+
+
+def in_child_inside_blocks(trace):
+    seen = {"trace active": tracing.active}
+    events = len(trace.events)
+    tape_module.variable_accessed(variable)
+    seen["events recorded after fork"] = len(trace.events) - events
+    try:
+        tfdtape.uninstall()
+        seen["uninstall inside its block"] = "returned"
+    except tfdtape.PatchInUseError as error:
+        seen["uninstall inside its block"] = (
+            str(error).split(": expected ")[1].split(" in TensorFlow")[0])
+    return seen
+
+
+def in_child_after_blocks(seen, before, tensorflow):
+    seen["state before the first block restored"] = same(holders(), before)
+    seen["installed"] = tfdtape.is_installed()
+    seen["uninstall returned"] = tfdtape.uninstall()
+    seen["TensorFlow's originals restored"] = same(holders(), tensorflow)
+    seen["install returned"] = tfdtape.install()
+    return seen
+
+
+def wait_for(pid, pipe):
+    ready, _, _ = select.select([pipe], [], [], 60)
+    if not ready:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+        return {"hung": True}
+    data = b""
+    while chunk := os.read(pipe, 65536):
+        data += chunk
+    _, status = os.waitpid(pid, 0)
+    return {**json.loads(data or b"{}"), "exit status": status}
+
+
+report = {}
+for configuration in %(configurations)r:
+    with testing.configuration(configuration):
+        before, tensorflow = holders(), without_tfdtape()
+        in_block, holding, release = (threading.Event() for _ in range(3))
+
+        def open_block():
+            with tfdtape.patched():
+                in_block.set()
+                release.wait()
+
+        def hold_lock():
+            with patching._state.lock:  # pylint: disable=protected-access
+                holding.set()
+                release.wait()
+
+        threads = [threading.Thread(target=open_block),
+                   threading.Thread(target=hold_lock)]
+        threads[0].start()
+        in_block.wait()
+        with tfdtape.trace() as trace, tfdtape.patched():
+            threads[1].start()
+            holding.wait()
+            read_end, write_end = os.pipe()
+            pid = os.fork()
+            if pid == 0:
+                os.close(read_end)
+                child = in_child_inside_blocks(trace)
+            else:
+                os.close(write_end)
+                parent = {"child": wait_for(pid, read_end)}
+                release.set()
+                events = len(trace.events)
+                tape_module.variable_accessed(variable)
+                parent["parent's trace still records"] = len(trace.events) - events
+        if pid == 0:
+            try:
+                child = in_child_after_blocks(child, before, tensorflow)
+                os.write(write_end, json.dumps(child).encode())
+            finally:
+                os._exit(0)
+        for thread in threads:
+            thread.join()
+        parent["parent's state before the first block restored"] = same(
+            holders(), before)
+    report[configuration] = parent
+print(json.dumps(report))
+"""
+
+
+def run_script(script):
+    """Runs `script` in a fresh interpreter; returns the JSON it printed."""
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", TFDTAPE_AUTOINSTALL="0")
+    completed = subprocess.run(
+        [sys.executable, "-c", script % {"configurations": CONFIGURATIONS}],
+        env=env, capture_output=True, text=True, timeout=600)
+    assert completed.returncode == 0, completed.stderr
+    return json.loads(completed.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture(scope="module")
+def reloads():
+    """{configuration: {module: observations}} after reloading each module."""
+    return run_script(RELOAD)
+
+
+@pytest.fixture(scope="module")
+def forks():
+    """{configuration: observations} of a fork with the lock held."""
+    return run_script(FORK)
+
+
+@pytest.mark.parametrize("configuration", CONFIGURATIONS)
+def test_reloading_any_module_keeps_tensorflows_originals(reloads, configuration):
+    installed = configuration == "tfdtape_alone"
+    observed = reloads[configuration]
+    assert len(observed) > 10 and "tfdtape.patching" in observed
+    for module, seen in observed.items():
+        assert seen == {
+            "installed after reload": installed,
+            "holders kept": True,
+            "installed after reload in a block": True,
+            "holders kept in the block": True,
+            "install in the block returned": False,
+            "uninstall in the block": "PatchInUseError",
+            "state before the block restored": True,
+            "install returned": not installed,
+            "originals recorded are TensorFlow's": True,
+            "uninstall returned": True,
+            "TensorFlow's originals restored": True,
+        }, module
+
+
+@pytest.mark.parametrize("configuration", CONFIGURATIONS)
+def test_a_fork_with_the_lock_held_leaves_the_child_working(forks, configuration):
+    assert forks[configuration] == {
+        "child": {
+            "trace active": False,
+            "events recorded after fork": 0,
+            "uninstall inside its block": "no open tfdtape.patched() block, found 1 open",
+            "state before the first block restored": True,
+            "installed": configuration == "tfdtape_alone",
+            "uninstall returned": configuration == "tfdtape_alone",
+            "TensorFlow's originals restored": True,
+            "install returned": True,
+            "exit status": 0,
+        },
+        "parent's trace still records": 1,
+        "parent's state before the first block restored": True,
+    }
