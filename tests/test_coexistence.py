@@ -91,9 +91,9 @@ WRAPPER_NAMES = {
 }
 
 
-def put(function, symbol_attribute="variable_accessed"):
-    """Makes `function` TensorFlow's tape.<symbol_attribute>."""
-    setattr(tape_module, symbol_attribute, function)
+def put(function):
+    """Makes `function` TensorFlow's tape.variable_accessed."""
+    tape_module.variable_accessed = function
 
 
 def replica_reads(strategy, variable):
@@ -104,7 +104,8 @@ def replica_reads(strategy, variable):
     def step():
         with tf.GradientTape() as tape:
             tf.identity(variable)
-        seen.append(tape.watched_variables() == (variable,))
+        watched = tape.watched_variables()
+        seen.append(len(watched) == 1 and watched[0] is variable)
     strategy.run(step)
     return seen
 
@@ -257,7 +258,7 @@ def test_a_patch_installed_before_tfdtape_is_refused_by_name(configuration, shap
         variable = tf.Variable(1.0)
         with tf.GradientTape():
             variable.read_value()
-        assert calls == [variable]  # still called: not bypassed
+        assert len(calls) == 1 and calls[0] is variable  # not bypassed
     finally:
         put(before[VARIABLE_ACCESSED])
     assert str(raised.value) == (
