@@ -1,5 +1,7 @@
 """The defun half of the commit: traced functions under MirroredStrategy."""
 
+import sys
+
 import pytest
 import tensorflow as tf
 
@@ -85,10 +87,14 @@ def test_no_captured_input_resolution_in_this_tensorflow():
 def test_captured_input_resolution_is_removed_where_present(monkeypatch):
     """A TensorFlow that still resolved captured inputs per call gets the
     commit's behaviour: captured inputs are used as traced."""
-    def resolve_per_call(self):
-        return ["resolved per call"]
-
     function_class = concrete_function_class()
+    # Defined in the class's own module, as TensorFlow's method was: a
+    # function from elsewhere would be another library's patch, which
+    # install() refuses.
+    namespace = {}
+    exec("def resolve_per_call(self):\n    return ['resolved per call']\n",  # pylint: disable=exec-used
+         vars(sys.modules[function_class.__module__]), namespace)
+    resolve_per_call = namespace["resolve_per_call"]
     tfdtape.uninstall()
     try:
         monkeypatch.setattr(function_class,

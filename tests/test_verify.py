@@ -1,10 +1,10 @@
 """`python -m tfdtape verify|info`: the checks, their verdicts and the reports."""
 
-import functools
 import json
 import os
 import subprocess
 import sys
+import types
 import xml.etree.ElementTree as ElementTree
 
 import pytest
@@ -45,7 +45,9 @@ def test_broken_resolution_fails_with_a_useful_message(strategy, monkeypatch):
     assert ("tfdtape_alone: expected 'container', observed 'own component'"
             in result.message)
     line = verify.result_line(result, 30)
-    assert "FAIL" in line and "-> tfdtape" in line
+    assert line.startswith(f"{'replica_context_eager':30}  FAIL  ")
+    assert line.endswith("tfdtape: expected 'container', observed 'own compon...")
+    assert len(line) == 100
 
 
 def test_a_check_the_control_passes_is_not_discriminating(strategy):
@@ -105,24 +107,144 @@ def test_cli_bad_arguments_exit_2_without_traceback(args, message):
     assert "Traceback" not in err
 
 
+def run_with_tensorflow_module(tmp_path, module_text, *args):
+    """Runs `python -m tfdtape verify ...` with `tensorflow` shadowed by a
+    module of `module_text`."""
+    package = tmp_path / "tensorflow"
+    package.mkdir()
+    (package / "__init__.py").write_text(module_text)
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3",
+               PYTHONPATH=f"{tmp_path}{os.pathsep}"
+               + os.environ.get("PYTHONPATH", ""))
+    return subprocess.run([sys.executable, "-m", "tfdtape", "verify", *args],
+                          env=env, capture_output=True, text=True, timeout=300)
+
+
+INSTALL_ADVICE = ('Install it with `pip install "tfdtape[cpu]"` (or '
+                  '`pip install "tfdtape[tensorflow]"`)')
+
+
 @pytest.mark.parametrize("module_text, message", [
     ("raise ImportError('No module named tensorflow (blocked)')\n",
-     "tfdtape: TensorFlow cannot be imported (No module named tensorflow "
-     "(blocked)). Install it with `pip install tfdtape[cpu]`"),
+     "tfdtape: TensorFlow cannot be imported (ImportError: No module named "
+     f"tensorflow (blocked)). {INSTALL_ADVICE}\n"),
+    ("raise TypeError('Descriptors cannot be created directly.\\nmore')\n",
+     "tfdtape: TensorFlow cannot be imported (TypeError: Descriptors cannot be "
+     f"created directly.). {INSTALL_ADVICE}\n"),
+    ("VERSION = 'none'\n",
+     "tfdtape: the tensorflow package at "),
     ("__version__ = '2.11.0'\n",
      "tfdtape: TensorFlow 2.11.0 is not supported: expected a release in "
-     ">=2.12,<2.22"),
-], ids=["no tensorflow", "unsupported tensorflow"])
+     ">=2.12,<2.22\n"),
+], ids=["ImportError", "protobuf TypeError", "no __version__", "unsupported"])
 def test_cli_unusable_tensorflow_exits_2(tmp_path, module_text, message):
-    (tmp_path / "tensorflow.py").write_text(module_text)
-    env = dict(os.environ, PYTHONPATH=f"{tmp_path}{os.pathsep}"
-               + os.environ.get("PYTHONPATH", ""))
-    completed = subprocess.run([sys.executable, "-m", "tfdtape", "verify"],
-                               env=env, capture_output=True, text=True,
-                               timeout=300)
+    completed = run_with_tensorflow_module(tmp_path, module_text)
     assert completed.returncode == 2
     assert completed.stderr.startswith(message), completed.stderr
-    assert "Traceback" not in completed.stderr
+    assert len(completed.stderr.splitlines()) == 1, completed.stderr
+    assert completed.stdout == ""
+
+
+def test_cli_verify_default_output_fits_100_columns():
+    code, out, _ = run_cli("verify")
+    assert code == 0
+    lines = out.splitlines()
+    assert max(len(line) for line in lines) <= 100, max(lines, key=len)
+    assert not any("pre_seed=" in line for line in lines)
+    first = lines[0].split()
+    assert first[:2] == [CHECK_NAMES[0], "PASS"]
+    assert first[3:] == ["container"]
+
+
+def test_cli_verify_verbose_shows_every_configuration():
+    code, out, _ = run_cli("verify", "--verbose", "--only", "replica_context_eager")
+    assert code == 0
+    lines = out.splitlines()
+    assert lines[1:5] == ["    stock         container",
+                          "    tfdtape       container",
+                          "    tfdtape_alone container",
+                          "    pre_seed      own component"]
+
+
+def test_cli_repeated_only_runs_once():
+    code, out, _ = run_cli("verify", "--only", "cross_replica_gradient",
+                           "--only", "cross_replica_gradient")
+    assert code == 0
+    assert sum(line.startswith("cross_replica_gradient")
+               for line in out.splitlines()) == 1
+    assert "1/1 checks passed" in out
+
+
+@pytest.mark.parametrize("option", ["--json", "--junit"])
+@pytest.mark.parametrize("path, message", [
+    ("", "needs a file path, found an empty one"),
+    ("/nonexistent-dir/report", "/nonexistent-dir/report: cannot write there "
+                                "(No such file or directory)"),
+    ("/", "/: is a directory, expected a file path"),
+], ids=["empty", "missing directory", "directory"])
+def test_cli_bad_output_path_exits_2_before_any_check(option, path, message):
+    code, out, err = run_cli("verify", option, path)
+    assert code == 2
+    assert out == ""
+    assert err == f"tfdtape: {option} {message}\n".replace(f"{option} needs",
+                                                            f"{option} needs")
+
+
+def test_cli_without_a_space_after_dash_m():
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
+    completed = subprocess.run(
+        [sys.executable, "-mtfdtape", "verify", "--only", "cross_replica_watch"],
+        env=env, capture_output=True, text=True, timeout=300)
+    assert completed.returncode == 0, completed.stderr
+    assert completed.stdout.startswith("cross_replica_watch  PASS")
+
+
+def test_cli_exit_1_when_a_check_fails():
+    """A real subprocess whose tfdtape watches components, as before the commit."""
+    program = ("import sys\n"
+               "from tfdtape import tape_functions\n"
+               "tape_functions._resolve = lambda variable: (variable,)\n"
+               "from tfdtape.__main__ import main\n"
+               "sys.exit(main(['verify', '--only', 'replica_context_eager']))\n")
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", TFDTAPE_AUTOINSTALL="0")
+    completed = subprocess.run([sys.executable, "-c", program], env=env,
+                               capture_output=True, text=True, timeout=300)
+    assert completed.returncode == 1, completed.stderr
+    assert completed.stdout.startswith("replica_context_eager  FAIL")
+    assert "0/1 checks passed; failing: replica_context_eager" in completed.stdout
+
+
+def test_cli_reexecutes_at_most_once(tmp_path):
+    """A sitecustomize that starts TensorFlow's runtime fixes the device layout
+    in every process: one re-exec, then one line and exit 2."""
+    (tmp_path / "sitecustomize.py").write_text(
+        "import os\n"
+        "os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '3')\n"
+        "import tensorflow as tf\n"
+        "tf.constant(1.0) + 1.0\n")
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3",
+               PYTHONPATH=f"{tmp_path}{os.pathsep}"
+               + os.environ.get("PYTHONPATH", ""))
+    completed = subprocess.run(
+        [sys.executable, "-m", "tfdtape", "verify", "--only", "cross_replica_watch"],
+        env=env, capture_output=True, text=True, timeout=300)
+    assert completed.returncode == 2
+    assert completed.stdout == ""
+    lines = [line for line in completed.stderr.splitlines()
+             if line.startswith("tfdtape:")]
+    assert len(lines) == 1, completed.stderr
+    assert lines[0] == (
+        "tfdtape: cannot set up the virtual CPUs even in a fresh process "
+        "(cannot split the CPU into 4 logical devices "
+        "(tf.config.set_logical_device_configuration): expected 4 logical "
+        f"CPUs, found 1 already configured in TensorFlow {tf_version()}): "
+        "something runs TensorFlow ops at interpreter start-up (check "
+        "sitecustomize, usercustomize and PYTHONSTARTUP)")
+
+
+def tf_version():
+    import tensorflow as tf  # pylint: disable=g-import-not-at-top
+    return tf.__version__
 
 
 def test_in_process_verify_uses_a_fresh_process_for_another_layout(capfd):
@@ -133,13 +255,25 @@ def test_in_process_verify_uses_a_fresh_process_for_another_layout(capfd):
     assert "devices: 3 logical CPUs" in out
 
 
-def test_cli_info():
+def test_cli_info_judges_holders_by_identity():
     code, out, _ = run_cli("info")
     assert code == 0
     assert "defun captured-input resolution: absent" in out
     assert "install check: OK" in out
+    assert "installed in this process: no" in out
     assert ("tensorflow.python.eager.tape.watch_variable: TensorFlow's "
-            "original; patched on install") in out
+            "original") in out
+    program = ("import tfdtape\n"
+               "from tfdtape.info_command import run\n"
+               "run(None)\n")
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
+    completed = subprocess.run([sys.executable, "-c", program], env=env,
+                               capture_output=True, text=True, timeout=300)
+    assert "installed in this process: yes" in completed.stdout
+    assert ("tensorflow.python.eager.backprop.GradientTape.gradient: tfdtape's "
+            "replacement") in completed.stdout
+    assert "TensorFlow's original" not in completed.stdout.split(
+        "patch targets")[1]
 
 
 def break_resolution(monkeypatch, strategy):
@@ -194,20 +328,17 @@ def leave_captured_input_resolution(monkeypatch, strategy):
 def break_uninstall(monkeypatch, strategy):
     """install() records copies as the originals, so uninstall() restores
     copies. monkeypatch.undo() puts back the real state afterwards."""
-    from tfdtape import patching
     from tfdtape import targets
-    monkeypatch.setattr(patching, "_applied", patching._applied)
     for target in targets.patch_targets():
         monkeypatch.setattr(target.owner, target.attribute, target.current())
     real_check = targets.PatchTarget.check
 
     def check_and_copy(self):
         original = real_check(self)
-
-        @functools.wraps(original)
-        def copy(*args, **kwargs):
-            return original(*args, **kwargs)
-        return copy
+        # Same code and globals: still TensorFlow's own, but another object.
+        return types.FunctionType(original.__code__, original.__globals__,
+                                  original.__name__, original.__defaults__,
+                                  original.__closure__)
 
     monkeypatch.setattr(targets.PatchTarget, "check", check_and_copy)
     return strategy

@@ -86,7 +86,8 @@ def _variables_accessed_unresolved(variables):
 # TensorFlow 2.12 resolves inline in these functions; switching its native
 # resolution off means replacing them with these resolver-free versions, and
 # counting how many blocks have it off.
-_inline_resolution_switched_off = 0
+# Kept across importlib.reload, which would otherwise forget open blocks.
+_inline_resolution_switched_off = globals().get("_inline_resolution_switched_off", 0)
 _UNRESOLVED_FUNCTIONS = {
     "watch_variable": _watch_variable_unresolved,
     "variable_accessed": _variable_accessed_unresolved,

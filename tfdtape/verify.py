@@ -72,31 +72,43 @@ def run_check(check, strategy):
     return result
 
 
-def result_line(result, name_width):
-    """One console line for `result`, plus an indented reason if it failed."""
-    columns = "  ".join(f"{configuration}={result.observations[configuration]!r}"
+def result_line(result, name_width, width=100, verbose=False):
+    """The console report for `result`: one line of at most `width` columns
+    (name, verdict, time, one short observation), and with `verbose` one
+    more line per configuration with its full observation."""
+    head = f"{result.check.name:{name_width}}  {result.status:4}  {result.seconds:5.2f}s  "
+    if result.status == PASS:
+        note = result.observations["tfdtape"]
+    else:
+        note = result.message
+    line = head + _shorten(note, max(width - len(head), 8))
+    if verbose:
+        line += "".join(f"\n    {configuration:14}{result.observations[configuration]}"
                         for configuration in testing.CONFIGURATIONS)
-    line = (f"{result.check.name:{name_width}}  {result.status:4}  "
-            f"{result.seconds:6.2f}s  {columns}")
-    if result.message:
-        line += f"\n{'':{name_width}}  -> {result.message}"
     return line
 
 
+def _shorten(text, width):
+    """`text` cut to `width` characters, an ellipsis marking the cut."""
+    return text if len(text) <= width else text[:width - 3] + "..."
+
+
 def summary_lines(results, environment):
-    """The closing summary: counts, versions, devices, resolver."""
+    """The closing summary: counts, versions, devices, resolver (each line
+    within 100 columns but for the names of failing checks)."""
     passed = sum(result.status == PASS for result in results)
+    devices = environment["devices"]
     return [
         f"{passed}/{len(results)} checks passed"
         + ("" if passed == len(results) else
            f"; failing: {', '.join(r.check.name for r in results if r.status != PASS)}"),
         f"TensorFlow {environment['tensorflow']}, Python {environment['python']}",
-        f"devices: {len(environment['devices'])} logical CPUs "
-        f"({', '.join(environment['devices'])})",
+        f"devices: {len(devices)} logical CPUs, {devices[0]} to {devices[-1]}",
         f"TensorFlow's native resolver: {environment['native_resolution']}",
-        "stock column is informational; a check passes when tfdtape and "
-        "tfdtape_alone observe the expected value and, where it is "
-        "discriminating, pre_seed does not",
+        "A check passes when tfdtape and tfdtape_alone observe the expected "
+        "value and,",
+        "where it discriminates, the pre_seed control does not; stock is "
+        "informational (--verbose).",
     ]
 
 

@@ -1,0 +1,124 @@
+"""`python -m tfdtape verify`: the checks of `tfdtape.checks` on a
+MirroredStrategy over virtual CPUs, reported for people and for CI.
+
+The default report has one line per check (name, verdict, time, one short
+observation) and fits in 100 columns; `--verbose` adds every
+configuration's observation, as JSON and JUnit reports always have them.
+"""
+
+import os
+import subprocess
+import sys
+
+from tfdtape import command_line
+
+MAX_REPLICAS = 64
+REEXEC_VARIABLE = "TFDTAPE_VERIFY_REEXEC"
+"""Set in the one fresh process verify may start for its device layout."""
+WIDTH = 100
+
+
+def add_arguments(parser):
+    """Adds verify's options to its argparse sub-parser."""
+    parser.add_argument("--replicas", type=int, default=4,
+                        help=f"virtual CPU devices / replicas (default 4, 2 to "
+                             f"{MAX_REPLICAS})")
+    parser.add_argument("--json", metavar="PATH", help="write results as JSON")
+    parser.add_argument("--junit", metavar="PATH", help="write JUnit XML")
+    parser.add_argument("--only", metavar="NAME", action="append",
+                        help="run only this check (repeatable)")
+    parser.add_argument("--list", action="store_true",
+                        help="list the checks and exit")
+    parser.add_argument("--verbose", action="store_true",
+                        help="show every configuration's observation")
+
+
+def run(args, argv):
+    """Runs the checks; returns the exit status.
+
+    Raises:
+        command_line.UsageError: bad arguments or an unusable environment,
+            found before any check runs.
+    """
+    if not 2 <= args.replicas <= MAX_REPLICAS:
+        raise command_line.UsageError(
+            f"--replicas must be between 2 and {MAX_REPLICAS}, found "
+            f"{args.replicas}")
+    for option, path in (("--json", args.json), ("--junit", args.junit)):
+        if path is not None:
+            command_line.check_output_path(path, option)
+    tf = command_line.import_tensorflow()
+    checks = _selected_checks(args.only)
+    if args.list:
+        for check in checks:
+            print(f"{check.name:38} {check.description}")
+        return command_line.EXIT_PASSED
+    from tfdtape import testing  # pylint: disable=g-import-not-at-top
+    try:
+        devices = testing.virtual_cpus(args.replicas)
+    except RuntimeError as error:
+        return _rerun_in_a_fresh_process(argv, error)
+    return _run_checks(tf, checks, devices, args)
+
+
+def _selected_checks(only):
+    """The checks named by --only (each once, in the order given), or all."""
+    from tfdtape import checks  # pylint: disable=g-import-not-at-top
+    if not only:
+        return list(checks.CHECKS)
+    by_name = {check.name: check for check in checks.CHECKS}
+    names = list(dict.fromkeys(only))
+    unknown = [name for name in names if name not in by_name]
+    if unknown:
+        raise command_line.UsageError(
+            f"unknown check {', '.join(unknown)}; `python -m tfdtape verify "
+            "--list` lists them")
+    return [by_name[name] for name in names]
+
+
+def _rerun_in_a_fresh_process(argv, error):
+    """This process's runtime started with another device layout: runs the
+    same command once in a fresh process, and never more than once."""
+    if os.environ.get(REEXEC_VARIABLE) == "1":
+        reason = str(error).split(": ", 1)[-1].split(". ")[0]
+        raise command_line.UsageError(
+            f"cannot set up the virtual CPUs even in a fresh process ({reason}): "
+            "something runs TensorFlow ops at interpreter start-up (check "
+            "sitecustomize, usercustomize and PYTHONSTARTUP)")
+    environment = dict(os.environ, **{REEXEC_VARIABLE: "1"})
+    sys.stdout.flush()
+    return subprocess.call([sys.executable, "-m", "tfdtape", *argv],
+                           env=environment)
+
+
+def _run_checks(tf, checks, devices, args):
+    from tfdtape import verify  # pylint: disable=g-import-not-at-top
+    from tfdtape import testing  # pylint: disable=g-import-not-at-top
+    tf.get_logger().setLevel("ERROR")  # retracing and eager-strategy advice
+    strategy = tf.distribute.MirroredStrategy(devices)
+    name_width = max(len(check.name) for check in checks)
+    results = []
+    for check in checks:
+        results.append(verify.run_check(check, strategy))
+        print(verify.result_line(results[-1], name_width, WIDTH,
+                                 verbose=args.verbose), flush=True)
+    environment = {
+        "tensorflow": tf.__version__,
+        "python": _python_version(),
+        "devices": devices,
+        "native_resolver": testing.native_resolver_is_registered(),
+        "native_resolution": testing.native_resolution_description(),
+    }
+    print()
+    print("\n".join(verify.summary_lines(results, environment)))
+    if args.json:
+        verify.write_json(args.json, results, environment)
+    if args.junit:
+        verify.write_junit(args.junit, results, environment)
+    passed = all(result.status == verify.PASS for result in results)
+    return command_line.EXIT_PASSED if passed else command_line.EXIT_FAILED
+
+
+def _python_version():
+    import platform  # pylint: disable=g-import-not-at-top
+    return platform.python_version()
