@@ -9,7 +9,17 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-KERAS_MODULES = ("tf.keras", "tf_keras")
+
+def is_keras3(keras):
+    """True when `keras` is Keras 3 (its variables wrap tf.Variables)."""
+    return not issubclass(keras.Variable if hasattr(keras, "Variable")
+                          else tf.Variable, tf.Variable)
+
+
+KERAS_MODULES = ("tf.keras", "tf_keras") if is_keras3(tf.keras) else ("tf.keras",)
+"""The Keras modules the tests run with: `tf.keras`, and where that is Keras 3
+(TensorFlow 2.16+) also `tf_keras`, Keras 2's package there. Before 2.16
+`tf.keras` is Keras 2 itself."""
 
 TOKENS = np.array([[1, 2, 3], [4, 5, 1], [7, 8, 9], [1, 1, 2],
                    [0, 3, 6], [9, 9, 4], [2, 5, 8], [6, 0, 1]], np.int32)
@@ -22,12 +32,6 @@ def keras_module(name):
     if name == "tf.keras":
         return tf.keras
     return pytest.importorskip(name, reason=f"{name} is not installed")
-
-
-def is_keras3(keras):
-    """True when `keras` is Keras 3 (its variables wrap tf.Variables)."""
-    return not issubclass(keras.Variable if hasattr(keras, "Variable")
-                          else tf.Variable, tf.Variable)
 
 
 def tf_variable(variable):

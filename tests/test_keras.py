@@ -2,15 +2,17 @@
 
 Runs with `tf.keras` (Keras 3 from TensorFlow 2.16, Keras 2 before) and with
 `tf_keras` (Keras 2 for TensorFlow 2.16+, installed with
-`pip install --no-deps tf_keras`; absent elsewhere, so those cases skip).
+`pip install --no-deps tf_keras`); before 2.16 `tf.keras` is Keras 2 and
+there is no separate tf_keras case.
 """
-
-import importlib
 
 import numpy as np
 import pytest
 import tensorflow as tf
 
+from keras_models import KERAS_MODULES
+from keras_models import keras_module
+from keras_models import tf_variable
 from tfdtape import testing
 
 FEATURES = (np.arange(32, dtype=np.float32).reshape(16, 2) % 7) / 7.0
@@ -21,13 +23,7 @@ KERNELS = [np.array([[0.2, -0.1, 0.3], [0.4, 0.1, -0.2]], np.float32),
            np.zeros(1, np.float32)]
 
 
-def keras_module(name):
-    if name == "tf.keras":
-        return tf.keras
-    return pytest.importorskip(name, reason=f"{name} is not installed")
-
-
-@pytest.fixture(params=["tf.keras", "tf_keras"])
+@pytest.fixture(params=KERAS_MODULES)
 def keras(request):
     return keras_module(request.param)
 
@@ -40,11 +36,6 @@ def build_model(keras):
     ])
     model.set_weights(KERNELS)
     return model
-
-
-def tf_variable(variable):
-    """The tf.Variable a Keras variable is (Keras 2) or wraps (Keras 3)."""
-    return variable if isinstance(variable, tf.Variable) else variable.value
 
 
 def fit_weights(keras, strategy, configuration):

@@ -124,7 +124,7 @@ def make_gradient(original_gradient):
         flat_variables = [keras_variables.unwrap(source, _GRADIENT_SYMBOL)
                           for source in flat_sources]
         components, spans = _split_distributed_sources(flat_variables)
-        unrecorded_reads.check(self, flat_variables, _GRADIENT_SYMBOL)
+        unrecorded_reads.check(self, flat_sources, _GRADIENT_SYMBOL)
         flat_gradients = original_gradient(
             self, target, components, output_gradients=output_gradients,
             unconnected_gradients=unconnected_gradients)

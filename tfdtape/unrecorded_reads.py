@@ -79,7 +79,9 @@ def check(tape, sources, symbol):
 
     Args:
         tape: the GradientTape a gradient is taken from.
-        sources: the gradient's flat sources, Keras variables unwrapped.
+        sources: the gradient's flat sources, as the user passed them (a
+            Keras variable is checked as the tf.Variable it wraps, and named
+            by its path).
         symbol: the API the user called, named in the message.
 
     Raises:
@@ -90,7 +92,7 @@ def check(tape, sources, symbol):
     if not missed:
         return
     for source in sources:
-        if id(source) in missed:
+        if id(keras_variables.unwrap(source, symbol)) in missed:
             raise ValueError(errors.message(
                 f"the tape did not record the reads of "
                 f"{keras_variables.label(source)!r} inside strategy.run",
