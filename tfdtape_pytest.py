@@ -7,6 +7,10 @@ Fixtures for downstream tests:
 - `tfdtape_installed`: tfdtape installed for the test, the previous state after;
 - `pre_seed`: TensorFlow as before the commit for the test (the control).
 
+`--tfdtape-report PATH` installs tfdtape for the whole session, records what
+the gradient tapes did (as `python -m tfdtape run` does), writes the JSON
+report to PATH and the summary at the end of the terminal report.
+
 Loading the plugin imports neither TensorFlow nor tfdtape: pytest loads it in
 every run of the environment, so the imports wait until a fixture asks.
 """
@@ -23,12 +27,60 @@ def pytest_addoption(parser):
     parser.addini("tfdtape_replicas",
                   "logical CPU devices for tfdtape's virtual_cpus fixture "
                   f"(default {DEFAULT_REPLICAS})", default=str(DEFAULT_REPLICAS))
+    parser.addoption(
+        "--tfdtape-report", metavar="PATH", default=None,
+        help="install tfdtape for the session and write what the gradient "
+             "tapes did to PATH (JSON, as `python -m tfdtape run --json`)")
 
 
 def pytest_configure(config):
     config.addinivalue_line(
         "markers", "tfdtape_replicas(n): logical CPU devices the test needs "
         "(one layout per process)")
+    path = config.getoption("tfdtape_report", None)
+    if path is not None:
+        config.pluginmanager.register(SessionReport(path, config.invocation_params.args),
+                                      "tfdtape-session-report")
+
+
+class SessionReport:
+    """`--tfdtape-report PATH`: a recorder open for the whole session."""
+
+    def __init__(self, path, arguments):
+        command_line = importlib.import_module("tfdtape.command_line")
+        try:
+            command_line.check_output_path(path, "--tfdtape-report")
+        except command_line.UsageError as error:
+            raise pytest.UsageError(f"tfdtape: {error}") from None
+        self.path = path
+        self.command = ["pytest", *map(str, arguments)]
+        self.recorder = None
+        self.report = None
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_sessionstart(self, session):
+        del session
+        os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+        importlib.import_module("tfdtape.patching").install()
+        self.recorder = importlib.import_module("tfdtape.recorder").Recorder()
+        importlib.import_module("tfdtape.tracing").open_sink(self.recorder)
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_sessionfinish(self, session, exitstatus):
+        del session
+        importlib.import_module("tfdtape.tracing").close_sink(self.recorder)
+        run_report = importlib.import_module("tfdtape.run_report")
+        self.report = run_report.build(self.recorder.snapshot(), self.command,
+                                       int(exitstatus), installed=True, task=None)
+        run_report.write_json(self.path, self.report)
+
+    def pytest_terminal_summary(self, terminalreporter):
+        if self.report is None:
+            return
+        terminalreporter.section("tfdtape")
+        run_report = importlib.import_module("tfdtape.run_report")
+        terminalreporter.write_line(run_report.summary(self.report))
+        terminalreporter.write_line(f"report written to {self.path}")
 
 
 def _requested_replicas(request):

@@ -21,9 +21,10 @@ WORKERS = 2
 TIMEOUT_SECONDS = 240
 
 
-def run_processes(tf_configs):
+def run_processes(tf_configs, runner=()):
     """Runs multi_worker_process.py once per TF_CONFIG (None: no cluster), all
-    at once; waits, always cleans up; returns their JSON results in order."""
+    at once, each as `python RUNNER... multi_worker_process.py`; waits,
+    always cleans up; returns their JSON results in order."""
     processes = []
     try:
         for tf_config in tf_configs:
@@ -34,7 +35,7 @@ def run_processes(tf_configs):
             if tf_config is not None:
                 env["TF_CONFIG"] = json.dumps(tf_config)
             processes.append(subprocess.Popen(
-                [sys.executable, str(TESTS / "multi_worker_process.py")],
+                [sys.executable, *runner, str(TESTS / "multi_worker_process.py")],
                 env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                 text=True))
         results = []
@@ -67,3 +68,24 @@ def test_two_workers_train_like_one_process_with_two_replicas():
         np.testing.assert_allclose(result["kernel"], kernel, rtol=1e-6)
         np.testing.assert_allclose(result["bias"], bias, rtol=1e-6)
     assert not np.allclose(kernel, [[0.5], [-0.5]])  # it trained
+
+
+def test_each_worker_writes_its_own_run_report(tmp_path):
+    """`python -m tfdtape run --json report-{task}.json` on every worker."""
+    ports = loopback.free_ports(WORKERS)
+    cluster = {"worker": [f"127.0.0.1:{port}" for port in ports]}
+    pattern = str(tmp_path / "report-{task}.json")
+    workers = run_processes(
+        [{"cluster": cluster, "task": {"type": "worker", "index": index}}
+         for index in range(WORKERS)],
+        runner=("-m", "tfdtape", "run", "--quiet", "--json", pattern))
+    assert [r["task"] for r in workers] == [0, 1]
+    assert sorted(path.name for path in tmp_path.iterdir()) == [
+        "report-worker-0.json", "report-worker-1.json"]
+    for index in range(WORKERS):
+        report = json.loads((tmp_path / f"report-worker-{index}.json").read_text())
+        assert report["task"] == f"worker-{index}"
+        assert report["exit_status"] == 0 and report["none_gradients"] == []
+        reads = [w for w in report["watched"] if w["kind"] == "access"]
+        assert reads and {w["how"] for w in reads} == {"container"}
+        assert {w["strategy"] for w in reads} == {"CollectiveAllReduceStrategy"}

@@ -7,6 +7,7 @@ entry point; where it is not (a Bazel monorepo depending on
 """
 
 import importlib.metadata
+import json
 import subprocess
 import sys
 
@@ -84,3 +85,32 @@ def test_x(virtual_cpus):
     result = pytester.runpytest_subprocess("-p", "tfdtape_pytest")
     result.stdout.fnmatch_lines(["*tfdtape_replicas must be a positive integer, found 'many'*"])
     assert result.ret != 0
+
+
+def test_tfdtape_report_for_a_test_run(pytester):
+    pytester.makepyfile(test_downstream=DOWNSTREAM_TEST)
+    pytester.makeini("[pytest]\n")
+    result = pytester.runpytest_subprocess(
+        "-p", "no:cacheprovider", "-p", "tfdtape_pytest",
+        "--tfdtape-report", "tapes.json")
+    result.assert_outcomes(passed=2)
+    result.stdout.fnmatch_lines(["*= tfdtape =*", "tfdtape run: pytest *",
+                                 "*Variable:0*container*replica 0,1*",
+                                 "report written to tapes.json"])
+    report = json.loads((pytester.path / "tapes.json").read_text())
+    assert report["schema"] == "tfdtape-run/1" and report["exit_status"] == 0
+    assert report["command"][0] == "pytest" and report["installed"] is True
+    reads = [w for w in report["watched"] if w["kind"] == "access"]
+    # The tfdtape_installed test's replicas watched the container. The
+    # pre_seed test ran with tfdtape uninstalled: nothing reports there.
+    assert {(w["how"], w["replica"]) for w in reads} == {
+        ("container", 0), ("container", 1)}
+
+
+def test_tfdtape_report_to_an_unwritable_path_is_a_usage_error(pytester):
+    pytester.makepyfile(test_x="def test_x():\n    pass\n")
+    result = pytester.runpytest_subprocess(
+        "-p", "tfdtape_pytest", "--tfdtape-report", "/nonexistent-dir/r.json")
+    result.stderr.fnmatch_lines(["*tfdtape: --tfdtape-report /nonexistent-dir/"
+                                 "r.json: cannot write there*"])
+    assert result.ret == pytest.ExitCode.USAGE_ERROR

@@ -55,8 +55,8 @@ def test_trace_is_off_outside_the_block():
         tape.watch(v)
     assert len(trace.events) == 1
     assert (trace.events[0].context, trace.events[0].strategy) == (
-        "replica", "_DefaultDistributionStrategy")
-    assert trace.events[0].replica_id == 0
+        "no strategy", "_DefaultDistributionStrategy")
+    assert trace.events[0].replica_id is None
 
 
 def test_a_trace_needs_tfdtape_installed():

@@ -89,24 +89,45 @@ def explain(tape, target, sources, **gradient_options):
             "a non-persistent tape already used by tape.gradient",
             "Call tfdtape.explain instead of tape.gradient, or create the "
             "tape with persistent=True"))
-    flat_sources = nest.flatten(sources)
-    tensors = [s for s in flat_sources if _pywrap_utils.IsTensor(s)]
-    known_tensors = _known_to_tape(tape, tensors)
+    recorded = tape._tape  # pylint: disable=protected-access
     gradients = tape.gradient(target, sources, **gradient_options)
+    none_gradients = [
+        NoneGradient(*found) for found in none_reasons(
+            tape, recorded, nest.flatten(sources), nest.flatten(gradients))]
+    return Explanation(gradients, none_gradients)
+
+
+def none_reasons(tape, recorded, flat_sources, flat_gradients):
+    """(source, reason, message) for every source whose gradient is None.
+
+    Called right after `tape.gradient`, in the context it ran in.
+
+    Args:
+        tape: the GradientTape.
+        recorded: its `tape._tape` from before the gradient call (a
+            non-persistent tape drops it), which still knows what it watched.
+        flat_sources: the sources, flat, as passed.
+        flat_gradients: the gradients, flat, in the same order.
+    """
+    missing = [source for source, gradient in zip(flat_sources, flat_gradients)
+               if gradient is None]
+    if not missing:
+        return []
+    known_tensors = _known_to_tape(
+        recorded, [s for s in missing if _pywrap_utils.IsTensor(s)])
     facts = _Facts(
         watched=tape.watched_variables(),
         watches_reads=tape._watch_accessed_variables,  # pylint: disable=protected-access
-        context=_context_now())
-    none_gradients = []
-    for source, gradient in zip(flat_sources, nest.flatten(gradients)):
-        if gradient is None:
-            if _pywrap_utils.IsTensor(source):
-                reason = _tensor_reason(any(source is t for t in known_tensors))
-            else:
-                reason = _variable_reason(
-                    keras_variables.unwrap(source, "tfdtape.explain"), facts)
-            none_gradients.append(NoneGradient(source, *reason))
-    return Explanation(gradients, none_gradients)
+        context=context_now())
+    found = []
+    for source in missing:
+        if _pywrap_utils.IsTensor(source):
+            reason = _tensor_reason(any(source is t for t in known_tensors))
+        else:
+            reason = _variable_reason(
+                keras_variables.unwrap(source, "tfdtape.explain"), facts)
+        found.append((source, *reason))
+    return found
 
 
 @dataclasses.dataclass(frozen=True)
@@ -127,7 +148,8 @@ class _Facts:
         return any(value is w for w in self.watched)
 
 
-def _context_now():
+def context_now():
+    """Where code runs now: "cross-replica", "replica" or "no strategy"."""
     if compat.strategy_context.get_replica_context() is None:
         return "cross-replica"
     if compat.strategy_context.has_strategy():
@@ -135,15 +157,16 @@ def _context_now():
     return "no strategy"
 
 
-def _known_to_tape(tape, tensors):
-    """The tensors of `tensors` that `tape` watches or computed while
-    recording. Asked in a thread of its own, where no other tape is active."""
+def _known_to_tape(recorded, tensors):
+    """The tensors of `tensors` that the tape `recorded` (a GradientTape's
+    `_tape`) watches or computed while recording. Asked in a thread of its
+    own, where no other tape is active."""
     if not tensors:
         return []
     known = []
 
     def ask():
-        handle = tape._tape._tape  # pylint: disable=protected-access
+        handle = recorded._tape  # pylint: disable=protected-access
         pywrap_tfe.TFE_Py_TapeSetAdd(handle)
         try:
             known.extend(t for t in tensors

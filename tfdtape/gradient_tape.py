@@ -10,6 +10,7 @@ as TensorFlow's do.
 """
 
 import functools
+import sys
 
 from tensorflow.python.distribute import values_util
 from tensorflow.python.eager import backprop_util
@@ -28,8 +29,10 @@ from tensorflow.python.util import nest
 
 from tfdtape import compat
 from tfdtape import errors
+from tfdtape import explaining
 from tfdtape import keras_variables
 from tfdtape import resolution
+from tfdtape import tracing
 from tfdtape import unrecorded_reads
 
 _WATCH_SYMBOL = "tf.GradientTape.watch"
@@ -115,23 +118,51 @@ def make_gradient(original_gradient):
     @functools.wraps(original_gradient)
     def gradient(self, target, sources, output_gradients=None,
                  unconnected_gradients=UnconnectedGradients.NONE):
-        flat_sources = nest.flatten(sources)
-        if not (any(map(_is_distributed_source, flat_sources)) and
-                values_util.get_current_replica_id_as_int() is None):
-            return original_gradient(
-                self, target, sources, output_gradients=output_gradients,
-                unconnected_gradients=unconnected_gradients)
-        flat_variables = [keras_variables.unwrap(source, _GRADIENT_SYMBOL)
-                          for source in flat_sources]
-        components, spans = _split_distributed_sources(flat_variables)
-        unrecorded_reads.check(self, flat_sources, _GRADIENT_SYMBOL)
-        flat_gradients = original_gradient(
-            self, target, components, output_gradients=output_gradients,
-            unconnected_gradients=unconnected_gradients)
-        totals = [_total(flat_gradients[start:stop]) for start, stop in spans]
-        return nest.pack_sequence_as(sources, totals)
+        if not tracing.active:
+            return _differentiate(original_gradient, self, target, sources,
+                                  output_gradients, unconnected_gradients)[0]
+        recorded = self._tape  # A non-persistent gradient drops it.
+        result, totals = _differentiate(original_gradient, self, target,
+                                        sources, output_gradients,
+                                        unconnected_gradients)
+        _report(self, recorded, sources, result, totals, sys._getframe(1))  # pylint: disable=protected-access
+        return result
 
     return gradient
+
+
+def _differentiate(original_gradient, tape, target, sources, output_gradients,
+                   unconnected_gradients):
+    """(gradients, totals): what `gradient` returns, and (source, number of
+    components) for each source that got a cross-replica total derivative."""
+    flat_sources = nest.flatten(sources)
+    if not (any(map(_is_distributed_source, flat_sources)) and
+            values_util.get_current_replica_id_as_int() is None):
+        return original_gradient(
+            tape, target, sources, output_gradients=output_gradients,
+            unconnected_gradients=unconnected_gradients), ()
+    flat_variables = [keras_variables.unwrap(source, _GRADIENT_SYMBOL)
+                      for source in flat_sources]
+    components, spans = _split_distributed_sources(flat_variables)
+    unrecorded_reads.check(tape, flat_sources, _GRADIENT_SYMBOL)
+    flat_gradients = original_gradient(
+        tape, target, components, output_gradients=output_gradients,
+        unconnected_gradients=unconnected_gradients)
+    totals = [_total(flat_gradients[start:stop]) for start, stop in spans]
+    summed = tuple((source, stop - start) for source, variable, (start, stop)
+                   in zip(flat_sources, flat_variables, spans)
+                   if resolution.is_distributed_variable(variable))
+    return nest.pack_sequence_as(sources, totals), summed
+
+
+def _report(tape, recorded, sources, result, totals, frame):
+    """Sends a GradientEvent for this call to the open sinks."""
+    flat_sources = tuple(nest.flatten(sources))
+    reasons = explaining.none_reasons(tape, recorded, flat_sources,
+                                      nest.flatten(result))
+    tracing.record_gradient(tracing.GradientEvent(
+        flat_sources, tuple(reasons), totals, tracing.caller_location(frame),
+        explaining.context_now()))
 
 
 def make_push_tape(original_push_tape):

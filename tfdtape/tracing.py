@@ -2,8 +2,13 @@
 
 While a trace is open, tfdtape's tape functions report each decision here:
 explicit watches (`GradientTape.watch` -> `tape.watch_variable`) and
-automatic ones (reads -> `tape.variable_accessed`). With no trace open the
+automatic ones (reads -> `tape.variable_accessed`), and its
+`GradientTape.gradient` reports each gradient call. With nothing open the
 only cost on the hot path is reading the module global `active`.
+
+What receives the reports is a sink: a `Trace` keeps every watch event;
+`tfdtape.recorder.Recorder` (behind `python -m tfdtape run`) only counts
+them. `open_sink` / `close_sink` attach and detach one.
 
 TensorFlow's C++ eager fast path marks a plain (non-distributed)
 `ResourceVariable` passed straight into an op, as in `tf.multiply(2.0, v)`,
@@ -14,17 +19,19 @@ recorded; reads of distributed variables always are.
 import contextlib
 import dataclasses
 import os
+import sys
 import threading
 from typing import Optional, Tuple
 
+from tensorflow.python import pywrap_tfe
 from tensorflow.python.framework import tensor_util
 
 from tfdtape import compat
 from tfdtape import errors
 from tfdtape import keras_variables
 
-active = False  # True while at least one trace is open; read on the hot path.
-_open_traces = []
+active = False  # True while at least one sink is open; read on the hot path.
+_open_sinks = []
 _lock = threading.Lock()
 
 
@@ -37,9 +44,12 @@ class WatchEvent:
         variable: the object TensorFlow handed to the tape (for a read in
             replica context, the replica's component).
         resolved: what the tape watched instead, as `tfdtape.resolve` gives it.
-        context: "replica" or "cross-replica".
+        context: "replica" (inside strategy.run), "cross-replica" (inside
+            strategy.scope(), outside run) or "no strategy".
         replica_id: the replica's index in replica context, else None.
         strategy: the current strategy's class name.
+        taped: whether a tape was recording in this thread (TensorFlow
+            reports reads whether or not one is).
     """
     kind: str
     variable: object
@@ -47,6 +57,27 @@ class WatchEvent:
     context: str
     replica_id: Optional[int]
     strategy: str
+    taped: bool = True
+
+
+@dataclasses.dataclass(frozen=True)
+class GradientEvent:
+    """One `GradientTape.gradient` call, as far as the report needs it.
+
+    Attributes:
+        sources: the flat sources, as passed.
+        none_reasons: (source, reason, message) for every source whose
+            gradient is None, reasons as `tfdtape.explain` gives them.
+        totals: (source, number of components) for every source that got a
+            cross-replica total derivative.
+        location: "file:line" of the call in the user's code.
+        context: "replica", "cross-replica" or "no strategy".
+    """
+    sources: Tuple[object, ...]
+    none_reasons: Tuple[Tuple[object, str, str], ...]
+    totals: Tuple[Tuple[object, int], ...]
+    location: str
+    context: str
 
 
 class Trace:
@@ -54,6 +85,14 @@ class Trace:
 
     def __init__(self):
         self.events = []
+
+    def add_event(self, event):
+        """Keeps a WatchEvent."""
+        self.events.append(event)
+
+    def add_gradient(self, event):
+        """Gradient calls are not part of a trace."""
+        del event
 
     def report(self):
         """A readable table: one row per event, what was watched and where."""
@@ -96,7 +135,6 @@ def trace():
     Raises:
         RuntimeError: tfdtape is not installed.
     """
-    global active
     from tfdtape import patching  # pylint: disable=g-import-not-at-top
     if not patching.is_installed():
         raise RuntimeError(errors.message(
@@ -106,30 +144,79 @@ def trace():
             "Call tfdtape.install() first (`import tfdtape` does, unless "
             "TFDTAPE_AUTOINSTALL=0)"))
     recording = Trace()
-    with _lock:
-        _open_traces.append(recording)
-        active = True
+    open_sink(recording)
     try:
         yield recording
     finally:
-        with _lock:
-            if recording in _open_traces:  # A fork closed it in this child.
-                _open_traces.remove(recording)
-            active = bool(_open_traces)
+        close_sink(recording)
+
+
+def open_sink(sink):
+    """Starts sending every report to `sink` (its add_event / add_gradient)."""
+    global active
+    with _lock:
+        _open_sinks.append(sink)
+        active = True
+
+
+def close_sink(sink):
+    """Stops sending reports to `sink`; a sink a fork already closed is fine."""
+    global active
+    with _lock:
+        if sink in _open_sinks:
+            _open_sinks.remove(sink)
+        active = bool(_open_sinks)
 
 
 def record(kind, variable, resolved):
-    """Adds one decision to every open trace (called by tfdtape's tape functions)."""
+    """Sends one decision to every open sink (called by tfdtape's tape functions)."""
     strategy, replica_context = compat.strategy_context.get_strategy_and_replica_context()
     replica_id = None
-    if replica_context is not None:
+    if replica_context is None:
+        context = "cross-replica"
+    elif compat.strategy_context.has_strategy():
+        context = "replica"
         replica_id = _replica_index(replica_context)
-    event = WatchEvent(kind, variable, tuple(resolved),
-                       "cross-replica" if replica_context is None else "replica",
-                       replica_id, type(strategy).__name__)
+    else:
+        context = "no strategy"
+    event = WatchEvent(kind, variable, tuple(resolved), context, replica_id,
+                       type(strategy).__name__,
+                       not pywrap_tfe.TFE_Py_TapeSetIsEmpty())
     with _lock:
-        for recording in _open_traces:
-            recording.events.append(event)
+        for sink in _open_sinks:
+            sink.add_event(event)
+
+
+def record_gradient(event):
+    """Sends one GradientEvent to every open sink."""
+    with _lock:
+        for sink in _open_sinks:
+            sink.add_gradient(event)
+
+
+def caller_location(frame):
+    """'file:line' of the innermost frame from `frame` outwards that is user
+    code: not in TensorFlow's, Keras's or tfdtape's package folders, nor in
+    AutoGraph's generated files."""
+    libraries = _library_folders()
+    while frame is not None:
+        filename = frame.f_code.co_filename
+        if (not filename.startswith(libraries) and
+                "__autograph_generated" not in filename):
+            return f"{filename}:{frame.f_lineno}"
+        frame = frame.f_back
+    return "?"
+
+
+def _library_folders():
+    """The folders of the loaded packages whose frames are not user code."""
+    folders = []
+    for name in ("tensorflow", "keras", "tf_keras", "tfdtape"):
+        module = sys.modules.get(name)
+        path = getattr(module, "__file__", None)
+        if path:
+            folders.append(os.path.dirname(path) + os.sep)
+    return tuple(folders)
 
 
 def _replica_index(replica_context):
@@ -147,7 +234,7 @@ def _close_traces_after_fork():
     """
     global active, _lock
     _lock = threading.Lock()
-    _open_traces.clear()
+    _open_sinks.clear()
     active = False
 
 

@@ -1,0 +1,181 @@
+"""`python -m tfdtape run`: real scripts in subprocesses, run as `python
+SCRIPT` would run them, with the tapes' story told at exit."""
+
+import json
+import os
+import pathlib
+import re
+import subprocess
+import sys
+
+import pytest
+
+from tfdtape import explaining
+from tfdtape import run_report
+
+TESTS = pathlib.Path(__file__).resolve().parent
+SCRIPTS = TESTS / "run_scripts"
+
+
+def tfdtape_run(*arguments, stdin="", cwd=None, env=None):
+    """Runs `python -m tfdtape run ARGUMENTS`; returns the CompletedProcess."""
+    environment = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", **(env or {}))
+    environment.pop("TF_CONFIG", None)
+    return subprocess.run([sys.executable, "-m", "tfdtape", "run", *arguments],
+                          input=stdin, capture_output=True, text=True,
+                          cwd=cwd, env=environment, timeout=300)
+
+
+def summary_of(stderr):
+    """The summary block of stderr (from its first line on)."""
+    start = stderr.index("tfdtape run: ")
+    return stderr[start:]
+
+
+def test_a_correct_training_script(tmp_path):
+    script = SCRIPTS / "mirrored_training.py"
+    report_path = tmp_path / "report.json"
+    completed = tfdtape_run("--json", str(report_path), str(script), "0", "--lr",
+                            stdin="hello from stdin\n")
+    assert completed.returncode == 0, completed.stderr
+    lines = completed.stdout.splitlines()
+    assert lines == [
+        "stdin: hello from stdin",
+        f"argv: [{str(script)!r}, '0', '--lr']",
+        f"path0: {SCRIPTS}",
+        f"file: {script}",
+        "name: __main__"]
+    summary = summary_of(completed.stderr)
+    assert max(len(line) for line in summary.splitlines()) <= 100
+    assert "None gradients: 0" in summary
+    report = json.loads(report_path.read_text())
+    assert report["schema"] == run_report.SCHEMA == "tfdtape-run/1"
+    assert report["exit_status"] == 0 and report["installed"] is True
+    assert report["command"] == [str(script), "0", "--lr"]
+    assert report["none_gradients"] == [] and report["total_derivatives"] == []
+    reads = {(w["variable"], w["how"], w["context"], w["replica"]): w["count"]
+             for w in report["watched"] if w["kind"] == "access"}
+    # 3 steps, each replica reads kernel and bias once per step.
+    assert reads == {(name, "container", "replica", replica): 3
+                     for name in ("kernel:0", "bias:0") for replica in (0, 1)}
+    assert re.search(r"kernel:0 +container +replica 0,1 +6 +0", summary)
+
+
+def cause_lines():
+    """CAUSE reason -> line number, from none_causes.py's markers."""
+    found = {}
+    lines = (SCRIPTS / "none_causes.py").read_text().splitlines()
+    for number, line in enumerate(lines, start=1):
+        if "# CAUSE: " in line:
+            found[line.split("# CAUSE: ")[1]] = number
+    return found
+
+
+def test_each_none_cause_is_reported_with_its_line(tmp_path):
+    script = SCRIPTS / "none_causes.py"
+    report_path = tmp_path / "report.json"
+    completed = tfdtape_run("--json", str(report_path), str(script))
+    assert completed.returncode == 0, completed.stderr
+    report = json.loads(report_path.read_text())
+    found = {}
+    for item in report["none_gradients"]:
+        key = (item["reason"], item["location"])
+        found[key] = found.get(key, 0) + item["count"]
+    expected_lines = cause_lines()
+    assert sorted(expected_lines) == sorted(explaining.REASONS)
+    # Every cause once, but "watched as the container": once per replica.
+    assert found == {
+        (reason, f"{script}:{line}"):
+            2 if reason == explaining.WATCHED_CONTAINER else 1
+        for reason, line in expected_lines.items()}
+    summary = summary_of(completed.stderr)
+    assert max(len(line) for line in summary.splitlines()) <= 100
+    relative = os.path.relpath(script)
+    for reason, line in expected_lines.items():
+        assert f": {reason} (" in summary
+        assert f"      at {relative}:{line}\n" in summary
+
+
+def test_a_script_that_raises(tmp_path):
+    completed = tfdtape_run(str(SCRIPTS / "raises.py"))
+    assert completed.returncode == 1
+    stderr = completed.stderr
+    assert stderr.index("Traceback (most recent call last):") < stderr.index(
+        "tfdtape run: ")
+    traceback_text = stderr[stderr.index("Traceback"):stderr.index("tfdtape run: ")]
+    assert f'File "{SCRIPTS / "raises.py"}", line 15, in <module>' in traceback_text
+    assert "RuntimeError: the training diverged" in traceback_text
+    assert "tfdtape/run_command.py" not in traceback_text
+    assert "exited with status 1" in summary_of(stderr)
+
+
+def test_sys_exit_status_is_kept():
+    completed = tfdtape_run(str(SCRIPTS / "mirrored_training.py"), "3")
+    assert completed.returncode == 3
+    assert "exited with status 3" in summary_of(completed.stderr)
+
+
+def test_run_a_module_with_dash_m():
+    completed = tfdtape_run("-m", "pkg.train_module", "x", cwd=SCRIPTS)
+    assert completed.returncode == 0, completed.stderr
+    assert completed.stdout.splitlines() == [
+        "gradient: 4.0",
+        f"argv: [{str(SCRIPTS / 'pkg' / 'train_module.py')!r}, 'x']",
+        "name: __main__"]
+    assert "tfdtape run: -m pkg.train_module x exited with status 0" in (
+        completed.stderr)
+
+
+def test_fail_on_none_gradient_and_quiet(tmp_path):
+    report_path = tmp_path / "report.json"
+    completed = tfdtape_run("--fail-on-none-gradient", "--quiet", "--json",
+                            str(report_path), str(SCRIPTS / "none_causes.py"))
+    assert completed.returncode == 1
+    assert "tfdtape run:" not in completed.stderr
+    assert json.loads(report_path.read_text())["exit_status"] == 0
+    clean = tfdtape_run("--fail-on-none-gradient", "--quiet",
+                        str(SCRIPTS / "mirrored_training.py"))
+    assert clean.returncode == 0 and "tfdtape run:" not in clean.stderr
+
+
+def test_no_install_records_stock_tensorflow(tmp_path):
+    script = str(SCRIPTS / "cross_replica_gradient.py")
+    with_tfdtape = tfdtape_run("--json", str(tmp_path / "on.json"), script)
+    assert with_tfdtape.returncode == 0, with_tfdtape.stderr
+    assert with_tfdtape.stdout == "gradient: 3.0\n"
+    on = json.loads((tmp_path / "on.json").read_text())
+    assert [(t["source"], t["components"]) for t in on["total_derivatives"]] == [
+        ("v:0", 2)]
+    stock = tfdtape_run("--no-install", "--json", str(tmp_path / "off.json"),
+                        script)
+    assert stock.returncode == 1
+    assert ("ValueError: DistributedVariable.handle is not available outside "
+            "the replica context") in stock.stderr
+    off = json.loads((tmp_path / "off.json").read_text())
+    assert off["installed"] is False and off["total_derivatives"] == []
+    assert "not installed (stock TensorFlow observed)" in summary_of(stock.stderr)
+
+
+@pytest.mark.parametrize("arguments, message", [
+    (["--frobnicate", "x.py"], "tfdtape: run: unknown option --frobnicate"),
+    ([], "tfdtape: run: no script given"),
+    (["missing_script.py"], "tfdtape: run: cannot run missing_script.py: no "
+                            "such file"),
+    (["-m", "no_such_module_anywhere"], "tfdtape: run: no module named "
+                                         "'no_such_module_anywhere'"),
+    (["--json"], "tfdtape: --json needs a path"),
+    (["--json", "/nonexistent-dir/r.json", "SCRIPT"],
+     "tfdtape: --json /nonexistent-dir/r.json: cannot write there"),
+], ids=["unknown option", "no script", "missing script", "missing module",
+        "json without path", "unwritable json"])
+def test_bad_arguments_exit_2_and_the_script_never_runs(tmp_path, arguments,
+                                                        message):
+    marker = tmp_path / "ran"
+    script = tmp_path / "script.py"
+    script.write_text(f"open({str(marker)!r}, 'w').close()\n")
+    arguments = [str(script) if a == "SCRIPT" else a for a in arguments]
+    completed = tfdtape_run(*arguments)
+    assert completed.returncode == 2
+    assert completed.stderr.startswith(message), completed.stderr
+    assert len(completed.stderr.splitlines()) == 1
+    assert not marker.exists()

@@ -1,0 +1,103 @@
+"""Watching stock TensorFlow without changing it: `python -m tfdtape run
+--no-install`.
+
+`observe_stock()` wraps TensorFlow's own tape functions and
+`GradientTape.gradient` with observers that call them unchanged and then
+report what they did to `tfdtape.tracing`, so a recorder sees what stock
+TensorFlow watches — for comparison with a run where tfdtape is installed.
+The observers are for a process that ends with the run: they are put in
+place once and taken out when the block exits.
+"""
+
+import contextlib
+import functools
+import sys
+
+from tensorflow.python.eager import backprop
+from tensorflow.python.eager import tape as tape_module
+from tensorflow.python.util import nest
+
+from tfdtape import compat
+from tfdtape import explaining
+from tfdtape import tracing
+
+
+def stock_resolution(variable):
+    """What stock TensorFlow's tape watches for `variable` here."""
+    override = vars(tape_module).get("_variables_override")
+    if override is not None:  # TensorFlow 2.13+: the registered resolver.
+        return tuple(override(variable))
+    strategy, replica_context = (  # 2.12: the same rule, inline.
+        compat.strategy_context.get_strategy_and_replica_context())
+    if replica_context is None:
+        return tuple(strategy.experimental_local_results(variable))
+    return (strategy.extended.value_container(variable),)
+
+
+def _observe_watch_variable(original):
+    @functools.wraps(original)
+    def watch_variable(tape, variable):
+        original(tape, variable)
+        if tracing.active:
+            tracing.record("watch", variable, stock_resolution(variable))
+    return watch_variable
+
+
+def _observe_variable_accessed(original):
+    @functools.wraps(original)
+    def variable_accessed(variable):
+        original(variable)
+        if tracing.active:
+            tracing.record("access", variable, stock_resolution(variable))
+    return variable_accessed
+
+
+def _observe_variables_accessed(original):
+    @functools.wraps(original)
+    def variables_accessed(variables):
+        original(variables)
+        if tracing.active:
+            for variable in variables:
+                if variable.trainable:
+                    tracing.record("access", variable,
+                                   stock_resolution(variable))
+    return variables_accessed
+
+
+def _observe_gradient(original):
+    @functools.wraps(original)
+    def gradient(self, target, sources, *args, **kwargs):
+        recorded = self._tape  # pylint: disable=protected-access
+        result = original(self, target, sources, *args, **kwargs)
+        if tracing.active:
+            flat_sources = tuple(nest.flatten(sources))
+            tracing.record_gradient(tracing.GradientEvent(
+                flat_sources, tuple(explaining.none_reasons(
+                    self, recorded, flat_sources, nest.flatten(result))),
+                (), tracing.caller_location(sys._getframe(1)),  # pylint: disable=protected-access
+                explaining.context_now()))
+        return result
+    return gradient
+
+
+_OBSERVED = (
+    (tape_module, "watch_variable", _observe_watch_variable),
+    (tape_module, "variable_accessed", _observe_variable_accessed),
+    (tape_module, "variables_accessed", _observe_variables_accessed),
+    (backprop.GradientTape, "gradient", _observe_gradient),
+)
+
+
+@contextlib.contextmanager
+def observe_stock():
+    """Observes TensorFlow's own tape functions inside the block."""
+    originals = [(owner, name, vars(owner)[name])
+                 for owner, name, _ in _OBSERVED if name in vars(owner)]
+    makers = {name: make for _, name, make in _OBSERVED}
+    for owner, name, original in originals:
+        setattr(owner, name, makers[name](original))
+    try:
+        yield
+    finally:
+        for owner, name, original in originals:
+            setattr(owner, name, original)

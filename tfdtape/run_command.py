@@ -1,0 +1,220 @@
+"""`python -m tfdtape run [OPTIONS] SCRIPT [ARGS...]` and
+`python -m tfdtape run [OPTIONS] -m MODULE [ARGS...]`.
+
+Installs tfdtape, runs the script as `__main__` exactly as `python SCRIPT
+ARGS` would (`sys.argv`, `sys.path[0]`, `__file__`, exit status, uncaught
+exceptions with their traceback, `SystemExit` codes; stdin and stdout are
+the script's), and records what the gradient tapes did meanwhile. At exit it
+writes a summary on stderr and, with --json, the JSON report.
+
+Options (before SCRIPT or -m):
+  --json PATH               write the JSON report; `{task}` in PATH becomes
+                            the TF_CONFIG task, e.g. worker-0 (else "local")
+  --fail-on-none-gradient   exit 1 if a source got a None gradient and the
+                            script itself succeeded
+  --quiet                   no summary on stderr
+  --no-install              leave TensorFlow stock and record what it does
+"""
+
+import builtins
+import json
+import os
+import sys
+import traceback
+import types
+
+from tfdtape import command_line
+
+USAGE = ("usage: python -m tfdtape run [--json PATH] [--fail-on-none-gradient] "
+         "[--quiet] [--no-install] (SCRIPT | -m MODULE) [ARGS...]")
+_FLAGS = {"--fail-on-none-gradient": "fail_on_none", "--quiet": "quiet",
+          "--no-install": "no_install"}
+
+
+class Options:
+    """The parsed command line of `run`."""
+
+    def __init__(self):
+        self.json = None
+        self.fail_on_none = False
+        self.quiet = False
+        self.no_install = False
+        self.script = None
+        self.module = None
+        self.arguments = []
+
+
+def parse(argv):
+    """Parses run's arguments: options, then SCRIPT or -m MODULE, then the
+    script's own arguments (passed on untouched).
+
+    Raises:
+        command_line.UsageError: an unknown option, a missing value, no
+            script, or a script or module that does not exist.
+    """
+    options = Options()
+    position = 0
+    while position < len(argv):
+        argument = argv[position]
+        if argument in _FLAGS:
+            setattr(options, _FLAGS[argument], True)
+        elif argument == "--json" or argument.startswith("--json="):
+            if argument == "--json":
+                position += 1
+                if position == len(argv):
+                    raise command_line.UsageError("--json needs a path")
+                options.json = argv[position]
+            else:
+                options.json = argument[len("--json="):]
+        elif argument == "-m" or (argument.startswith("-m") and
+                                  not argument.startswith("--")):
+            if argument == "-m":
+                position += 1
+                if position == len(argv):
+                    raise command_line.UsageError("-m needs a module name")
+            options.module = argv[position] if argument == "-m" else argument[2:]
+            options.arguments = argv[position + 1:]
+            break
+        elif argument in ("-h", "--help"):
+            raise command_line.UsageError(USAGE)
+        elif argument.startswith("-") and argument != "-":
+            raise command_line.UsageError(f"run: unknown option {argument}; {USAGE}")
+        else:
+            options.script = argument
+            options.arguments = argv[position + 1:]
+            break
+        position += 1
+    _check_target(options)
+    return options
+
+
+def _check_target(options):
+    if options.script is None and options.module is None:
+        raise command_line.UsageError(f"run: no script given; {USAGE}")
+    if options.script is not None and not os.path.isfile(options.script):
+        raise command_line.UsageError(
+            f"run: cannot run {options.script}: no such file")
+    if options.module is not None:
+        import importlib.util  # pylint: disable=g-import-not-at-top
+        try:
+            found = importlib.util.find_spec(options.module) is not None
+        except (ImportError, ValueError):
+            found = False
+        if not found:
+            raise command_line.UsageError(
+                f"run: no module named {options.module!r}")
+
+
+def task_name():
+    """The TF_CONFIG task as 'type-index' (e.g. worker-0), else 'local'."""
+    raw = os.environ.get("TF_CONFIG")
+    if not raw:
+        return "local"
+    try:
+        task = json.loads(raw)["task"]
+        return f"{task['type']}-{task['index']}"
+    except (ValueError, KeyError, TypeError):
+        return "local"
+
+
+def run(argv):
+    """Runs `python -m tfdtape run ARGV`; returns the exit status."""
+    options = parse(argv)
+    task = task_name()
+    json_path = options.json.replace("{task}", task) if options.json else None
+    if options.json is not None:
+        command_line.check_output_path(json_path, "--json")
+    command_line.import_tensorflow()
+    from tfdtape import patching  # pylint: disable=g-import-not-at-top
+    from tfdtape import recorder as recorder_lib  # pylint: disable=g-import-not-at-top
+    from tfdtape import run_report  # pylint: disable=g-import-not-at-top
+    from tfdtape import tracing  # pylint: disable=g-import-not-at-top
+    recorder = recorder_lib.Recorder()
+    with _tensorflow_for(options, patching):
+        tracing.open_sink(recorder)
+        try:
+            status = _run_target(options)
+        finally:
+            tracing.close_sink(recorder)
+    command = ([options.script] if options.script else ["-m", options.module])
+    report = run_report.build(
+        recorder.snapshot(), command + options.arguments, status,
+        installed=not options.no_install,
+        task=task if "TF_CONFIG" in os.environ else None)
+    sys.stdout.flush()
+    if not options.quiet:
+        print(run_report.summary(report), file=sys.stderr)
+    if json_path:
+        run_report.write_json(json_path, report)
+    if status == 0 and options.fail_on_none and recorder.none_gradient_count:
+        return command_line.EXIT_FAILED
+    return status
+
+
+def _tensorflow_for(options, patching):
+    """A context in which TensorFlow is as the run needs it."""
+    if options.no_install:
+        os.environ["TFDTAPE_AUTOINSTALL"] = "0"  # the script's import tfdtape too
+        from tfdtape import observers  # pylint: disable=g-import-not-at-top
+        return observers.observe_stock()
+    patching.install()
+    import contextlib  # pylint: disable=g-import-not-at-top
+    return contextlib.nullcontext()
+
+
+def _run_target(options):
+    """Runs the script or module as __main__; returns its exit status,
+    printing an uncaught exception's traceback as Python would."""
+    try:
+        if options.script is not None:
+            _run_script(options.script, options.arguments)
+        else:
+            _run_module(options.module, options.arguments)
+    except SystemExit as exit_request:
+        return _exit_status(exit_request.code)
+    except BaseException as error:  # pylint: disable=broad-except
+        traceback.print_exception(type(error), error,
+                                  _user_traceback(error.__traceback__))
+        return 130 if isinstance(error, KeyboardInterrupt) else 1
+    return 0
+
+
+def _run_script(path, arguments):
+    """Runs the file at `path` as `python PATH ARGUMENTS` would."""
+    with open(path, "rb") as source_file:
+        code = compile(source_file.read(), path, "exec", dont_inherit=True)
+    sys.argv = [path, *arguments]
+    sys.path[0] = os.path.dirname(os.path.realpath(path))
+    main = types.ModuleType("__main__")
+    main.__file__ = path
+    main.__builtins__ = builtins
+    main.__cached__ = None
+    sys.modules["__main__"] = main
+    exec(code, main.__dict__)  # pylint: disable=exec-used
+
+
+def _run_module(name, arguments):
+    """Runs module `name` as `python -m NAME ARGUMENTS` would."""
+    import runpy  # pylint: disable=g-import-not-at-top
+    sys.argv = [name, *arguments]  # runpy puts the module's path first
+    sys.path[0] = os.getcwd()
+    runpy._run_module_as_main(name, alter_argv=True)  # pylint: disable=protected-access
+
+
+def _exit_status(code):
+    """The process exit status Python gives for `SystemExit(code)`."""
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code
+    print(code, file=sys.stderr)
+    return 1
+
+
+def _user_traceback(trace):
+    """The traceback from the script's first frame on (tfdtape's own frames
+    dropped), as Python would print it."""
+    here = os.path.dirname(os.path.abspath(__file__)) + os.sep
+    while trace is not None and trace.tb_frame.f_code.co_filename.startswith(here):
+        trace = trace.tb_next
+    return trace
