@@ -13,7 +13,11 @@ from tfdtape import explaining
 from tfdtape import recorder as recorder_lib
 from tfdtape import tracing
 
-TFDTAPE_FOLDER = os.path.dirname(tfdtape.__file__)
+RECORDING_FILES = tuple(
+    os.path.join(os.path.dirname(tfdtape.__file__), name)
+    for name in ("recorder.py", "tracing.py", "unrecorded_reads.py"))
+"""Where what the recording keeps is allocated (TensorFlow's own allocations
+on tfdtape's lines, such as the C++ tape's, are not the recorder's)."""
 
 
 class Recording:
@@ -71,8 +75,7 @@ def test_keeps_no_reference_to_variables(strategy):
 
 def test_memory_does_not_grow_with_steps():
     """2,000 steps, each with a read, an explicit watch and a None gradient:
-    what tfdtape's own code holds after 500 steps and after 2,000 is the
-    same."""
+    what the recording holds after 500 steps and after 2,000 is the same."""
     v = tf.Variable(2.0, name="v")
     unused = tf.Variable(1.0, name="unused")
 
@@ -84,7 +87,7 @@ def test_memory_does_not_grow_with_steps():
 
     def held_by_tfdtape(snapshot):
         return sum(stat.size for stat in snapshot.statistics("filename")
-                   if stat.traceback[0].filename.startswith(TFDTAPE_FOLDER))
+                   if stat.traceback[0].filename in RECORDING_FILES)
 
     with Recording() as recorder:
         tracemalloc.start()
@@ -102,5 +105,6 @@ def test_memory_does_not_grow_with_steps():
     snapshot = recorder.snapshot()
     assert [w["count"] for w in snapshot["watched"]] == [2000, 2000]  # read, watch
     assert [n["count"] for n in snapshot["none_gradients"]] == [2000]
-    print(f"tfdtape holds {after_500} bytes after 500 steps, {after_2000} after 2000")
-    assert after_2000 - after_500 <= 1024, (after_500, after_2000)
+    print(f"the recording holds {after_500} bytes after 500 steps, "
+          f"{after_2000} after 2000")
+    assert after_2000 - after_500 <= 256, (after_500, after_2000)
