@@ -17,6 +17,7 @@ every run of the environment, so the imports wait until a fixture asks.
 
 import importlib
 import os
+import sys
 
 import pytest
 
@@ -98,8 +99,21 @@ def _requested_replicas(request):
 
 
 def _testing():
+    """tfdtape.testing, imported without installing tfdtape: a fixture that
+    only needs devices or a strategy must leave TensorFlow as it was (an
+    `import tfdtape` of the test's own still installs)."""
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-    return importlib.import_module("tfdtape.testing")
+    if "tfdtape" in sys.modules:
+        return importlib.import_module("tfdtape.testing")
+    saved = os.environ.get("TFDTAPE_AUTOINSTALL")
+    os.environ["TFDTAPE_AUTOINSTALL"] = "0"
+    try:
+        return importlib.import_module("tfdtape.testing")
+    finally:
+        if saved is None:
+            del os.environ["TFDTAPE_AUTOINSTALL"]
+        else:
+            os.environ["TFDTAPE_AUTOINSTALL"] = saved
 
 
 @pytest.fixture

@@ -25,20 +25,27 @@ class Sources:
 
     def __init__(self, strategy):
         self.plain = tf.Variable(2.0, name="plain")
+        self.frozen_plain = tf.Variable(2.0, name="frozen", trainable=False)
         with strategy.scope():
             self.mirrored = tf.Variable(2.0, name="mirrored")
+            self.frozen_mirrored = tf.Variable(2.0, name="frozen_mirrored",
+                                               trainable=False)
             layer = tf.keras.layers.Dense(1, use_bias=False, name="dense")
             layer.build((None, 1))
             layer.kernel.assign([[2.0]])
             self.keras = layer.kernel
+            self.frozen_keras = tf.keras.layers.Layer().add_weight(
+                name="frozen_kernel", shape=(1, 1), initializer="ones",
+                trainable=False)
         self.tensor = tf.constant(2.0)
 
-    def get(self, kind):
+    def get(self, kind, trainable=True):
         """The source of `kind`; a component is replica 0's (or, in replica
         context, the current replica's)."""
+        prefix = "" if trainable else "frozen_"
         if kind == "component":
-            return self.mirrored.values[_replica_id()]
-        return getattr(self, kind)
+            return getattr(self, prefix + "mirrored").values[_replica_id()]
+        return getattr(self, prefix + kind)
 
 
 def _replica_id():
@@ -96,6 +103,13 @@ def not_read(sources, kind):
     return tfdtape.explain(tape, loss, source)
 
 
+def not_trainable(sources, kind):
+    source = sources.get(kind, trainable=False)
+    with tf.GradientTape() as tape:
+        loss = 3.0 * read(source)
+    return tfdtape.explain(tape, loss, source)
+
+
 def not_connected(sources, kind):
     source = sources.get(kind)
     with tf.GradientTape() as tape:
@@ -115,6 +129,7 @@ def not_connected_after_explicit_watch(sources, kind):
 
 PROGRAMS = {
     explaining.NOT_WATCHED: not_watched,
+    explaining.NOT_TRAINABLE: not_trainable,
     explaining.NOT_READ: not_read,
     explaining.NOT_CONNECTED: not_connected,
 }
@@ -123,6 +138,7 @@ IMPOSSIBLE = {
     (explaining.NOT_READ, "tensor"):
         "a tensor is never read by a tape: an unwatched tensor is "
         "'not watched'",
+    (explaining.NOT_TRAINABLE, "tensor"): "a tensor has no trainable flag",
     (explaining.WATCHED_CONTAINER, "plain"): "a plain variable has no container",
     (explaining.WATCHED_CONTAINER, "mirrored"): "it is the container",
     (explaining.WATCHED_CONTAINER, "keras"): "it wraps the container",
@@ -294,7 +310,7 @@ def test_explanation_text_names_the_keras_path(strategy):
 
 
 def test_reasons_are_public_and_distinct():
-    assert len(set(explaining.REASONS)) == 5
+    assert len(set(explaining.REASONS)) == 6
     for reason in explaining.REASONS:
         assert isinstance(reason, str) and reason
 

@@ -33,7 +33,7 @@ def test_without_absl_and_tensorflow():
     completed = import_tfdtape_with([])
     assert completed.returncode == 1
     assert last_line(completed.stderr) == (
-        "ModuleNotFoundError: tfdtape: cannot install the patch: the module "
+        "ModuleNotFoundError: tfdtape: the module "
         "'absl' (absl-py) is not installed. Install tfdtape with TensorFlow: "
         'pip install "tfdtape[cpu]" (or pip install "tfdtape[tensorflow]"); '
         "set TFDTAPE_AUTOINSTALL=0 to import tfdtape without it")
@@ -46,7 +46,7 @@ def test_without_tensorflow(tmp_path):
     completed = import_tfdtape_with([only_absl])
     assert completed.returncode == 1
     assert last_line(completed.stderr) == (
-        "ModuleNotFoundError: tfdtape: cannot install the patch: the module "
+        "ModuleNotFoundError: tfdtape: the module "
         "'tensorflow' (tensorflow-cpu or tensorflow) is not installed. Install "
         'tfdtape with TensorFlow: pip install "tfdtape[cpu]" (or pip install '
         '"tfdtape[tensorflow]"); set TFDTAPE_AUTOINSTALL=0 to import tfdtape '
@@ -57,3 +57,18 @@ def test_without_autoinstall_nothing_is_needed():
     completed = import_tfdtape_with([], autoinstall="0")
     assert completed.returncode == 0, completed.stderr
     assert completed.stdout.startswith("imported ")
+
+
+def test_install_by_hand_without_absl_names_the_install_command():
+    program = ("import sys\n"
+               f"sys.path.insert(0, {str(REPOSITORY)!r})\n"
+               "import tfdtape\n"
+               "tfdtape.install()\n")
+    env = dict(os.environ, TFDTAPE_AUTOINSTALL="0")
+    env.pop("PYTHONPATH", None)
+    completed = subprocess.run([sys.executable, "-S", "-c", program], env=env,
+                               capture_output=True, text=True, timeout=120)
+    assert completed.returncode == 1
+    assert last_line(completed.stderr).startswith(
+        "ModuleNotFoundError: tfdtape: the module 'absl' (absl-py) is not "
+        'installed. Install tfdtape with TensorFlow: pip install "tfdtape[cpu]"')

@@ -114,3 +114,28 @@ def test_tfdtape_report_to_an_unwritable_path_is_a_usage_error(pytester):
     result.stderr.fnmatch_lines(["*tfdtape: --tfdtape-report /nonexistent-dir/"
                                  "r.json: cannot write there*"])
     assert result.ret == pytest.ExitCode.USAGE_ERROR
+
+
+STOCK_TEST = '''
+import pytest
+
+@pytest.mark.tfdtape_replicas(2)
+def test_only_a_strategy(mirrored_strategy):
+    from tfdtape import patching
+    assert not patching.is_installed()
+
+def test_installed_inside(tfdtape_installed):
+    from tfdtape import patching
+    assert patching.is_installed()
+
+def test_and_stock_again():
+    from tfdtape import patching
+    assert not patching.is_installed()
+'''
+
+
+def test_a_strategy_fixture_leaves_tensorflow_stock(pytester):
+    pytester.makepyfile(test_stock=STOCK_TEST)
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider",
+                                           "-p", "tfdtape_pytest")
+    result.assert_outcomes(passed=3)

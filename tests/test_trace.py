@@ -1,5 +1,7 @@
 """tfdtape.trace(): every watch decision, from every replica thread."""
 
+import importlib
+
 import pytest
 import tensorflow as tf
 from tensorflow.python.eager import tape as tape_module
@@ -79,3 +81,28 @@ def test_a_failed_watch_is_not_traced(strategy):
             with pytest.raises(tfdtape.NotWatchableError):
                 tape_module.watch_variable(tape._tape, "weights")
     assert trace.events == []
+
+
+def test_a_trace_open_while_tfdtape_is_uninstalled_says_it_is_incomplete():
+    v = tf.Variable(1.0)
+    with tfdtape.trace() as trace:
+        with tf.GradientTape() as tape:
+            tape.watch(v)
+        assert trace.complete
+        with testing.stock():  # uninstalls tfdtape inside the block
+            with tf.GradientTape() as tape:
+                tape.watch(v)
+    assert len(trace.events) == 1
+    assert trace.complete is False
+    assert trace.report().splitlines()[0] == (
+        "note: tfdtape was uninstalled while this was recording; what the "
+        "tapes did after that is missing")
+
+
+def test_a_reload_keeps_an_open_trace():
+    v = tf.Variable(1.0)
+    with tfdtape.trace() as trace:
+        importlib.reload(tracing)
+        with tf.GradientTape() as tape:
+            tape.watch(v)
+    assert len(trace.events) == 1 and not tracing.active

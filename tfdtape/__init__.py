@@ -45,6 +45,7 @@ _AUTOINSTALL_VALUES = {"1": True, "true": True, "yes": True, "on": True,
 
 def __getattr__(name):
     if name in _TENSORFLOW_NAMES:
+        _check_required_modules()
         return getattr(importlib.import_module(_TENSORFLOW_NAMES[name]), name)
     raise AttributeError(f"module 'tfdtape' has no attribute {name!r}")
 
@@ -62,16 +63,17 @@ def _autoinstall_requested():
 
 
 def _imported_by_command_line():
-    """True while `python -m tfdtape` (or `-mtfdtape`) is locating
-    tfdtape.__main__."""
+    """True while `python -m tfdtape` (or `-mtfdtape`, or `-m
+    tfdtape.__main__`) is starting the command line."""
     if sys.argv[:1] != ["-m"]:
         return False
+    names = ("tfdtape", "tfdtape.__main__")
     arguments = iter(getattr(sys, "orig_argv", [])[1:])
     for argument in arguments:
         if argument == "-m":
-            return next(arguments, None) == "tfdtape"
+            return next(arguments, None) in names
         if argument.startswith("-m"):
-            return argument == "-mtfdtape"
+            return argument[2:] in names
     return False
 
 
@@ -85,7 +87,7 @@ def _check_required_modules():
     for module, distribution in _REQUIRED_MODULES:
         if importlib.util.find_spec(module) is None:
             raise ModuleNotFoundError(
-                f"tfdtape: cannot install the patch: the module {module!r} "
+                f"tfdtape: the module {module!r} "
                 f"({distribution}) is not installed. Install tfdtape with "
                 'TensorFlow: pip install "tfdtape[cpu]" (or '
                 'pip install "tfdtape[tensorflow]"); set '

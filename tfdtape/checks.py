@@ -190,7 +190,7 @@ def _strategy_run_under_cross_replica_tape(strategy):
         try:
             gradient = tape.gradient(loss, v)
         except ValueError as error:
-            if "inside strategy.run" in str(error):
+            if "through an eager strategy.run" in str(error):
                 return "refused, naming strategy.run"
             raise
     return f"gradient {gradient}"

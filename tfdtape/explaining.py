@@ -25,7 +25,11 @@ NOT_WATCHED = "not watched"
 watched while created with `watch_accessed_variables=False`."""
 
 NOT_READ = "not read while recording"
-"""A variable the tape (watching what it reads) never saw read."""
+"""A trainable variable the tape (watching what it reads) never saw read."""
+
+NOT_TRAINABLE = "not trainable"
+"""A variable created with trainable=False, which a tape does not watch when
+it is read, and which nothing watched explicitly."""
 
 WATCHED_CONTAINER = "watched as the container"
 """A distributed variable's component, where the tape watched the container
@@ -40,8 +44,8 @@ NOT_CONNECTED = "not connected to the target"
 """Watched (or, for a tensor, known to the tape), but the target does not
 depend on it."""
 
-REASONS = (NOT_WATCHED, NOT_READ, WATCHED_CONTAINER, WRONG_CONTEXT,
-           NOT_CONNECTED)
+REASONS = (NOT_WATCHED, NOT_TRAINABLE, NOT_READ, WATCHED_CONTAINER,
+           WRONG_CONTEXT, NOT_CONNECTED)
 """Every reason `explain` gives, in the order it tests them."""
 
 
@@ -204,9 +208,15 @@ def _variable_reason(source, facts):
         return NOT_WATCHED, (
             "the tape was created with watch_accessed_variables=False and "
             "tape.watch() was not called for it")
+    if not getattr(source, "trainable", True):
+        return NOT_TRAINABLE, (
+            "it was created with trainable=False, and a tape watches only "
+            "the trainable variables it sees read; call tape.watch() on it "
+            "inside the tape's with-block, or make it trainable")
     return NOT_READ, (
         "the tape never saw it read: it was read before the tape started "
-        "recording (or outside its with-block), or not read at all")
+        "recording (or outside its with-block), only through "
+        "tf.stop_gradient, or not at all")
 
 
 def _distributed_reason(source, facts):

@@ -21,6 +21,7 @@ from absl import logging
 
 from tfdtape import errors
 from tfdtape import targets
+from tfdtape import tracing
 from tfdtape import versions
 
 
@@ -238,6 +239,7 @@ def _uninstall_locked():
             "then call tfdtape.uninstall() again"))
     for target, current in reversed(ours):
         setattr(target.owner, target.attribute, targets.original_of(current))
+    tracing.note_uninstalled()
     return True
 
 

@@ -29,6 +29,7 @@ class Recorder:
     """Counts watch decisions, None gradients and total derivatives."""
 
     def __init__(self):
+        self.complete = True  # False once tfdtape is uninstalled meanwhile.
         self._lock = threading.Lock()
         self._watches = collections.Counter()
         self._none_gradients = collections.Counter()
@@ -85,8 +86,8 @@ class Recorder:
                  "location": location, "count": count}
                 for (source, components, location), count
                 in sorted(self._totals.items())]
-        return {"watched": watched, "none_gradients": none_gradients,
-                "total_derivatives": totals}
+        return {"complete": self.complete, "watched": watched,
+                "none_gradients": none_gradients, "total_derivatives": totals}
 
 
 def _how(variable, resolved):

@@ -12,6 +12,8 @@ import json
 import os
 import textwrap
 
+from tfdtape import tracing
+
 SCHEMA = "tfdtape-run/1"
 """The JSON report's schema name and version; bumped on any incompatible
 change."""
@@ -54,6 +56,8 @@ def summary(report):
                 "not installed (stock TensorFlow observed)")]
     if report["task"]:
         lines.append(f"task: {report['task']}")
+    if not report["complete"]:
+        lines += textwrap.wrap(tracing.INCOMPLETE_NOTE, WIDTH)
     lines += ["", "What the tapes watched:"]
     lines += _watched_table(report["watched"]) or ["  nothing"]
     lines += ["", f"None gradients: {_none_count(report)}"]

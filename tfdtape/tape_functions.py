@@ -4,16 +4,13 @@ Each does what TensorFlow's function of the same name does, with the
 variables resolved by `tfdtape.resolution.resolve` instead of TensorFlow's
 own resolver hook (`tape._variables_override`), so the commit's semantics hold
 whether or not that hook is registered. A decision is traced only after the
-tape took it, and an eager replica-context read is reported to
-`tfdtape.unrecorded_reads` while a tape records in another thread.
+tape took it.
 """
 
 from tensorflow.python import pywrap_tfe
-from tensorflow.python.eager import context
 
 from tfdtape import resolution
 from tfdtape import tracing
-from tfdtape import unrecorded_reads
 
 _tape_watch_variable = pywrap_tfe.TFE_Py_TapeWatchVariable
 _tape_variable_accessed = pywrap_tfe.TFE_Py_TapeVariableAccessed
@@ -22,9 +19,6 @@ _resolve = resolution.resolve
 _ResourceVariable = resolution.RESOURCE_VARIABLE
 _CONTAINER_REFERENCE = resolution.CONTAINER_REFERENCE
 _AGGREGATING_REFERENCE = resolution.AGGREGATING_REFERENCE
-_recording_tapes = unrecorded_reads.recording
-_executing_eagerly = context.executing_eagerly
-_is_distributed_variable = resolution.is_distributed_variable
 
 
 def watch_variable(tape, variable):
@@ -57,8 +51,6 @@ def variable_accessed(variable):
     for var in accessed:
         _tape_variable_accessed(var)
         _watcher_variable_accessed(var)
-    if _recording_tapes and accessed[0] is not variable:
-        _note_if_replica_read(accessed[0])
     if tracing.active:
         tracing.record("access", variable, accessed)
 
@@ -75,14 +67,6 @@ def variables_accessed(variables):
         for var in accessed:
             _tape_variable_accessed(var)
             _watcher_variable_accessed(var)
-        if _recording_tapes and accessed[0] is not variable:
-            _note_if_replica_read(accessed[0])
         if tracing.active:
             tracing.record("access", variable, accessed)
 
-
-def _note_if_replica_read(resolved):
-    """Reports an eager read resolved to a distributed container (a replica-
-    context read) to `unrecorded_reads`."""
-    if _is_distributed_variable(resolved) and _executing_eagerly():
-        unrecorded_reads.note_replica_read(resolved)

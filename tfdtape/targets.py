@@ -22,6 +22,7 @@ import types
 from typing import Callable, Tuple
 
 from tensorflow.python import pywrap_tfe
+from tensorflow.python.distribute import mirrored_run
 from tensorflow.python.distribute import values_util
 from tensorflow.python.eager import backprop
 from tensorflow.python.eager import tape as tape_module
@@ -32,6 +33,7 @@ from tfdtape import defun
 from tfdtape import errors
 from tfdtape import gradient_tape
 from tfdtape import tape_functions
+from tfdtape import unrecorded_reads
 
 _MISSING = object()
 
@@ -243,6 +245,9 @@ def patch_targets():
                     gradient_tape.make_push_tape),
         PatchTarget(backprop.GradientTape, "_pop_tape", ("self",),
                     gradient_tape.make_pop_tape),
+        PatchTarget(mirrored_run, "call_for_each_replica",
+                    ("strategy", "fn", "args", "kwargs"),
+                    unrecorded_reads.make_call_for_each_replica),
     ]
     table += [PatchTarget(cls, defun.RESOLVER_METHOD, ("self",),
                           defun.make_resolver_replacement)

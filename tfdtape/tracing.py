@@ -30,9 +30,10 @@ from tfdtape import compat
 from tfdtape import errors
 from tfdtape import keras_variables
 
-active = False  # True while at least one sink is open; read on the hot path.
-_open_sinks = []
-_lock = threading.Lock()
+# Kept across importlib.reload, so a reload does not drop open traces.
+_open_sinks = globals().get("_open_sinks", [])
+active = bool(_open_sinks)  # True while a sink is open; read on the hot path.
+_lock = globals().get("_lock") or threading.Lock()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -81,10 +82,17 @@ class GradientEvent:
 
 
 class Trace:
-    """The events recorded while a `trace()` block was open, in order."""
+    """The events recorded while a `trace()` block was open, in order.
+
+    Attributes:
+        events: the WatchEvents.
+        complete: False once tfdtape was uninstalled while the trace was
+            open: decisions TensorFlow's own functions took then are missing.
+    """
 
     def __init__(self):
         self.events = []
+        self.complete = True
 
     def add_event(self, event):
         """Keeps a WatchEvent."""
@@ -107,9 +115,12 @@ class Trace:
                 ", ".join(f"{type(w).__name__} {_name(w)}" for w in event.resolved),
                 ", ".join(_short_device(w) for w in event.resolved)))
         widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-        return "\n".join("  ".join(cell.ljust(width) for cell, width
-                                   in zip(row, widths)).rstrip()
-                         for row in rows)
+        table = "\n".join("  ".join(cell.ljust(width) for cell, width
+                                    in zip(row, widths)).rstrip()
+                          for row in rows)
+        if self.complete:
+            return table
+        return (f"{INCOMPLETE_NOTE}\n{table}")
 
 
 def _name(value):
@@ -149,6 +160,18 @@ def trace():
         yield recording
     finally:
         close_sink(recording)
+
+
+INCOMPLETE_NOTE = ("note: tfdtape was uninstalled while this was recording; "
+                   "what the tapes did after that is missing")
+
+
+def note_uninstalled():
+    """Marks every open sink incomplete (called when tfdtape is uninstalled:
+    TensorFlow's own functions report nothing)."""
+    with _lock:
+        for sink in _open_sinks:
+            sink.complete = False
 
 
 def open_sink(sink):

@@ -1,104 +1,115 @@
-"""Reads no tape recorded: distributed variables read by eager `strategy.run`.
+"""What no tape recorded: the replicas of an eager `strategy.run`.
 
-MirroredStrategy runs each replica function of an eager `strategy.run` in a
-thread of its own, and a gradient tape records only the operations of the
-thread it was opened in. A tape opened in cross-replica context around an
-eager `strategy.run` therefore records nothing the replicas compute, and a
-gradient taken through them would silently come out None (or partial).
+MirroredStrategy (and MultiWorkerMirroredStrategy) runs each replica
+function of an eager `strategy.run` in a thread of its own, and a gradient
+tape records only the operations of the thread it was opened in. A tape that
+records while its own thread calls an eager `strategy.run` therefore records
+nothing the replicas compute — whether they read a distributed variable or
+a tensor computed from one — and a gradient through them would silently come
+out None, or partial.
 
-tfdtape notes every such read: a distributed variable read eagerly in replica
-context while a tape opened outside replica context records in another
-thread. Each such tape keeps the
-variable's id; `check` then refuses a cross-replica gradient with respect to
-a variable whose reads the tape missed. Nothing is noted for reads inside a
-`tf.function`: calling the function marks its variables as read in the
-caller's thread, where the tape is.
+tfdtape marks every tape recording in the calling thread (outside replica
+context) when an eager `strategy.run` starts there, and `check` refuses a
+cross-replica gradient with respect to a distributed variable from a marked
+tape. Inside a `tf.function` the replicas are traced into the function, whose
+call the tape records, so nothing is marked. A `strategy.run` in another
+thread marks nothing here.
 """
 
 import threading
-import weakref
 
+from tensorflow.python.eager import context
+from tensorflow.python.eager import def_function
 from tensorflow.python.framework import ops
 
 from tfdtape import errors
 from tfdtape import keras_variables
+from tfdtape import resolution
 
-_MISSED = "_tfdtape_unrecorded_reads"  # Per GradientTape: ids of variables.
-_lock = threading.Lock()
-recording = {}
-"""id(GradientTape) -> (weak reference to it, ident of the thread it records
-in), for every tape recording now. Read without the lock on the hot path."""
+_MISSED_RUN = "_tfdtape_missed_strategy_run"  # On a GradientTape: True.
+
+# Kept across importlib.reload: the tapes already recording stay known.
+_recording = globals().get("_recording") or threading.local()
+"""Per thread, `.tapes`: the GradientTapes recording there now (pushed
+outside replica context)."""
+
+
+def _tapes_here():
+    tapes = getattr(_recording, "tapes", None)
+    if tapes is None:
+        tapes = _recording.tapes = []
+    return tapes
 
 
 def tape_pushed(tape, is_new):
     """Notes that `tape` (a GradientTape) records in this thread from now on.
 
-    A tape that starts recording in the replica context of a strategy (inside
-    `strategy.run`) records every read of its replica, so it is not noted:
-    in the usual program, a tape per replica, nothing is, and reads cost
-    nothing extra.
+    A tape pushed in the replica context of a strategy (inside
+    `strategy.run`) is not noted: it cannot call `strategy.run` itself.
 
     Args:
         tape: the GradientTape.
         is_new: True when it starts on a fresh tape (first use or reset()),
-            which forgets the reads it missed before.
+            which forgets a `strategy.run` it recorded before.
     """
     if is_new:
-        tape.__dict__.pop(_MISSED, None)
+        tape.__dict__.pop(_MISSED_RUN, None)
     stack = ops.get_default_graph()._distribution_strategy_stack  # pylint: disable=protected-access
     if stack and stack[-1].replica_context is not None:
         return
-    with _lock:
-        recording[id(tape)] = (weakref.ref(tape), threading.get_ident())
+    _tapes_here().append(tape)
 
 
 def tape_popped(tape):
-    """Notes that `tape` (a GradientTape) stopped recording."""
-    with _lock:
-        recording.pop(id(tape), None)
+    """Notes that `tape` (a GradientTape) stopped recording in this thread."""
+    tapes = _tapes_here()
+    for index, recording in enumerate(tapes):
+        if recording is tape:
+            del tapes[index]
+            return
 
 
-def note_replica_read(container):
-    """Tells every tape recording in another thread that `container` was read
-    where it could not see. Called for eager replica-context reads."""
-    here = threading.get_ident()
-    with _lock:
-        entries = list(recording.items())
-    for key, (reference, thread) in entries:
-        tape = reference()
-        if tape is None:
-            with _lock:
-                if recording.get(key, (None,))[0] is reference:
-                    del recording[key]
-        elif thread != here:
-            tape.__dict__.setdefault(_MISSED, set()).add(id(container))
+def make_call_for_each_replica(original):
+    """Returns a `mirrored_run.call_for_each_replica` that marks the tapes
+    recording in the calling thread when the replicas run eagerly."""
+
+    def call_for_each_replica(strategy, fn, args=None, kwargs=None):
+        if (context.executing_eagerly() and
+                not isinstance(fn, def_function.Function)):
+            for tape in _tapes_here():
+                tape.__dict__[_MISSED_RUN] = True
+        return original(strategy, fn, args, kwargs)
+
+    call_for_each_replica.__doc__ = original.__doc__
+    call_for_each_replica.__wrapped__ = original
+    return call_for_each_replica
 
 
 def check(tape, sources, symbol):
-    """Raises if `tape` missed reads of a distributed variable in `sources`.
+    """Raises if `tape` recorded an eager `strategy.run` and `sources` hold a
+    distributed variable (or a Keras variable wrapping one).
 
     Args:
-        tape: the GradientTape a gradient is taken from.
-        sources: the gradient's flat sources, as the user passed them (a
-            Keras variable is checked as the tf.Variable it wraps, and named
-            by its path).
+        tape: the GradientTape a cross-replica gradient is taken from.
+        sources: the gradient's flat sources, as the user passed them.
         symbol: the API the user called, named in the message.
 
     Raises:
-        ValueError: a source was read inside an eager `strategy.run` while
-            `tape` recorded in another thread.
+        ValueError: the tape cannot have recorded what the replicas of that
+            `strategy.run` computed.
     """
-    missed = tape.__dict__.get(_MISSED)
-    if not missed:
+    if not tape.__dict__.get(_MISSED_RUN):
         return
     for source in sources:
-        if id(keras_variables.unwrap(source, symbol)) in missed:
+        if resolution.is_distributed_variable(
+                keras_variables.unwrap(source, symbol)):
             raise ValueError(errors.message(
-                f"the tape did not record the reads of "
-                f"{keras_variables.label(source)!r} inside strategy.run",
-                symbol, "a tape that recorded every read of the variable",
-                "reads in the replica threads of an eager strategy.run, which "
-                "a tape opened outside strategy.run does not record, so its "
+                "cannot take a cross-replica gradient through an eager "
+                "strategy.run", symbol,
+                "a tape that recorded everything between "
+                f"{keras_variables.label(source)!r} and the target",
+                "a tape that was recording when an eager strategy.run ran "
+                "its replicas in threads the tape does not record, so the "
                 "gradient would be missing (None or partial)",
                 "Open the tape and take the gradient inside the function you "
                 "pass to strategy.run, or run the whole step (strategy.run "

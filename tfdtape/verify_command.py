@@ -111,10 +111,15 @@ def _run_checks(tf, checks, devices, args):
     }
     print()
     print("\n".join(verify.summary_lines(results, environment)))
-    if args.json:
-        verify.write_json(args.json, results, environment)
-    if args.junit:
-        verify.write_junit(args.junit, results, environment)
+    for path, write in ((args.json, verify.write_json),
+                        (args.junit, verify.write_junit)):
+        if path:
+            try:
+                write(path, results, environment)
+            except OSError as error:  # e.g. a full disk, found only now
+                raise command_line.UsageError(
+                    f"cannot write the report to {path} "
+                    f"({error.strerror or error})") from None
     passed = all(result.status == verify.PASS for result in results)
     return command_line.EXIT_PASSED if passed else command_line.EXIT_FAILED
 

@@ -20,6 +20,11 @@ with tf.GradientTape() as tape:
     loss = x * 2.0
 tape.gradient(loss, plain)  # CAUSE: not read while recording
 
+frozen = tf.Variable(2.0, name="frozen", trainable=False)
+with tf.GradientTape() as tape:
+    loss = frozen * 2.0
+tape.gradient(loss, frozen)  # CAUSE: not trainable
+
 with tf.GradientTape() as tape:
     loss = tf.stop_gradient(plain * 2.0)
 tape.gradient(loss, plain)  # CAUSE: not connected to the target
