@@ -15,7 +15,7 @@ from tfdtape import tracing
 
 RECORDING_FILES = tuple(
     os.path.join(os.path.dirname(tfdtape.__file__), name)
-    for name in ("recorder.py", "tracing.py", "unrecorded_reads.py"))
+    for name in ("recorder.py", "tracing.py", "unrecorded_runs.py"))
 """Where what the recording keeps is allocated (TensorFlow's own allocations
 on tfdtape's lines, such as the C++ tape's, are not the recorder's)."""
 

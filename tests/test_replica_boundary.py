@@ -25,7 +25,7 @@ import tfdtape
 from assertions import assert_same_objects
 from conftest import DEVICES
 from keras_models import tf_variable
-from tfdtape import unrecorded_reads
+from tfdtape import unrecorded_runs
 from tfdtape.testing import PATCHED_CONFIGURATIONS
 
 HANDLE_UNAVAILABLE = ("DistributedVariable.handle is not available outside "
@@ -102,7 +102,7 @@ def test_a_strategy_run_in_another_thread_is_not_blamed(strategy, configuration)
 
 @pytest.mark.parametrize("configuration", PATCHED_CONFIGURATIONS, indirect=True)
 def test_refusal_survives_a_reload(strategy, configuration):
-    importlib.reload(unrecorded_reads)
+    importlib.reload(unrecorded_runs)
     test_eager_strategy_run_under_a_cross_replica_tape_is_refused(
         strategy, configuration)
 

@@ -301,8 +301,8 @@ def break_distributed_source_detection(monkeypatch, strategy):
 
 
 def break_unrecorded_read_check(monkeypatch, strategy):
-    from tfdtape import unrecorded_reads
-    monkeypatch.setattr(unrecorded_reads, "check", lambda *args: None)
+    from tfdtape import unrecorded_runs
+    monkeypatch.setattr(unrecorded_runs, "check", lambda *args: None)
     return strategy
 
 

@@ -33,7 +33,7 @@ from tfdtape import explaining
 from tfdtape import keras_variables
 from tfdtape import resolution
 from tfdtape import tracing
-from tfdtape import unrecorded_reads
+from tfdtape import unrecorded_runs
 
 _WATCH_SYMBOL = "tf.GradientTape.watch"
 _GRADIENT_SYMBOL = "tf.GradientTape.gradient"
@@ -144,7 +144,7 @@ def _differentiate(original_gradient, tape, target, sources, output_gradients,
     flat_variables = [keras_variables.unwrap(source, _GRADIENT_SYMBOL)
                       for source in flat_sources]
     components, spans = _split_distributed_sources(flat_variables)
-    unrecorded_reads.check(tape, flat_sources, _GRADIENT_SYMBOL)
+    unrecorded_runs.check(tape, flat_sources, _GRADIENT_SYMBOL)
     flat_gradients = original_gradient(
         tape, target, components, output_gradients=output_gradients,
         unconnected_gradients=unconnected_gradients)
@@ -166,24 +166,24 @@ def _report(tape, recorded, sources, result, totals, frame):
 
 
 def make_push_tape(original_push_tape):
-    """Returns a `GradientTape._push_tape` that reports to `unrecorded_reads`."""
+    """Returns a `GradientTape._push_tape` that reports to `unrecorded_runs`."""
 
     @functools.wraps(original_push_tape)
     def _push_tape(self):
         is_new = self._tape is None  # pylint: disable=protected-access
         original_push_tape(self)
-        unrecorded_reads.tape_pushed(self, is_new)
+        unrecorded_runs.tape_pushed(self, is_new)
 
     return _push_tape
 
 
 def make_pop_tape(original_pop_tape):
-    """Returns a `GradientTape._pop_tape` that reports to `unrecorded_reads`."""
+    """Returns a `GradientTape._pop_tape` that reports to `unrecorded_runs`."""
 
     @functools.wraps(original_pop_tape)
     def _pop_tape(self):
         original_pop_tape(self)
-        unrecorded_reads.tape_popped(self)
+        unrecorded_runs.tape_popped(self)
 
     return _pop_tape
 

@@ -33,7 +33,7 @@ from tfdtape import defun
 from tfdtape import errors
 from tfdtape import gradient_tape
 from tfdtape import tape_functions
-from tfdtape import unrecorded_reads
+from tfdtape import unrecorded_runs
 
 _MISSING = object()
 
@@ -247,7 +247,7 @@ def patch_targets():
                     gradient_tape.make_pop_tape),
         PatchTarget(mirrored_run, "call_for_each_replica",
                     ("strategy", "fn", "args", "kwargs"),
-                    unrecorded_reads.make_call_for_each_replica),
+                    unrecorded_runs.make_call_for_each_replica),
     ]
     table += [PatchTarget(cls, defun.RESOLVER_METHOD, ("self",),
                           defun.make_resolver_replacement)
