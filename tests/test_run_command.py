@@ -181,3 +181,35 @@ def test_bad_arguments_exit_2_and_the_script_never_runs(tmp_path, arguments,
     assert completed.stderr.startswith(message), completed.stderr
     assert len(completed.stderr.splitlines()) == 1
     assert not marker.exists()
+
+
+def test_the_json_report_lands_where_asked_even_if_the_script_changes_directory(
+        tmp_path):
+    script = tmp_path / "wanders.py"
+    script.write_text("import os\nos.chdir('/')\n")
+    completed = tfdtape_run("--quiet", "--json", "report.json", str(script),
+                            cwd=tmp_path)
+    assert completed.returncode == 0, completed.stderr
+    assert json.loads((tmp_path / "report.json").read_text())["exit_status"] == 0
+
+
+def test_another_librarys_patch_is_one_line_and_exit_2(tmp_path):
+    (tmp_path / "sitecustomize.py").write_text(
+        "import functools\n"
+        "from tensorflow.python.eager import tape\n"
+        "original = tape.variable_accessed\n"
+        "@functools.wraps(original)\n"
+        "def counting(variable):\n"
+        "    return original(variable)\n"
+        "tape.variable_accessed = counting\n")
+    marker = tmp_path / "ran"
+    script = tmp_path / "script.py"
+    script.write_text(f"open({str(marker)!r}, 'w').close()\n")
+    completed = tfdtape_run(str(script), env={
+        "PYTHONPATH": f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"})
+    assert completed.returncode == 2
+    lines = [line for line in completed.stderr.splitlines()
+             if line.startswith("tfdtape:")]
+    assert len(lines) == 1 and lines[0].startswith("tfdtape: cannot install")
+    assert "sitecustomize.counting" in lines[0]
+    assert not marker.exists()

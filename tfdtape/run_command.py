@@ -121,9 +121,11 @@ def run(argv):
     """Runs `python -m tfdtape run ARGV`; returns the exit status."""
     options = parse(argv)
     task = task_name()
-    json_path = options.json.replace("{task}", task) if options.json else None
+    json_path = None
     if options.json is not None:
+        json_path = options.json.replace("{task}", task)
         command_line.check_output_path(json_path, "--json")
+        json_path = os.path.abspath(json_path)  # the script may chdir
     command_line.import_tensorflow()
     from tfdtape import patching  # pylint: disable=g-import-not-at-top
     from tfdtape import recorder as recorder_lib  # pylint: disable=g-import-not-at-top
@@ -157,7 +159,12 @@ def _tensorflow_for(options, patching):
         os.environ["TFDTAPE_AUTOINSTALL"] = "0"  # the script's import tfdtape too
         from tfdtape import observers  # pylint: disable=g-import-not-at-top
         return observers.observe_stock()
-    patching.install()
+    from tfdtape import errors  # pylint: disable=g-import-not-at-top
+    try:
+        patching.install()
+    except (errors.UnsupportedTensorFlowError, errors.PatchConflictError) as error:
+        raise command_line.UsageError(
+            str(error).removeprefix("tfdtape: ")) from None
     import contextlib  # pylint: disable=g-import-not-at-top
     return contextlib.nullcontext()
 
