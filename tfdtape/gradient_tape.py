@@ -56,17 +56,19 @@ def watch(self, tensor):
             tensor nor a variable, or a distributed variable of another
             strategy; nothing is watched then.
     """
-    pairs = _watchables(tensor)
-    for item, _ in pairs:
-        if _is_variable(item):
-            resolution.resolve(item)  # Raises before anything is watched.
-    for item, watched in pairs:
+    items = [(item, watched, _is_variable(item))
+             for item, watched in _watchables(tensor)]
+    if len(items) > 1:  # One variable raises before it is watched anyway.
+        for item, _, is_variable in items:
+            if is_variable:
+                resolution.resolve(item)  # Raises before anything is watched.
+    for item, watched, is_variable in items:
         if not backprop_util.IsTrainable(watched):
             logging.log_first_n(
                 logging.WARN, "GradientTape.watch: a tensor of dtype %r has "
                 "no gradient; watch floating-point tensors only.", 5,
                 watched.dtype)
-        if _is_variable(item):
+        if is_variable:
             tape_module.watch_variable(self._tape, item)  # pylint: disable=protected-access
         else:
             tape_module.watch(self._tape, item)  # pylint: disable=protected-access
