@@ -24,6 +24,7 @@ import threading
 from typing import Optional, Tuple
 
 from tensorflow.python import pywrap_tfe
+from tensorflow.python.framework import ops
 from tensorflow.python.framework import tensor_util
 
 from tfdtape import compat
@@ -193,21 +194,37 @@ def close_sink(sink):
 
 def record(kind, variable, resolved):
     """Sends one decision to every open sink (called by tfdtape's tape functions)."""
-    strategy, replica_context = compat.strategy_context.get_strategy_and_replica_context()
+    # The strategy stack, read as tfdtape.resolution reads it: cheaper than
+    # the public context functions, which matters with a recorder open.
+    stack = ops.get_default_graph()._distribution_strategy_stack  # pylint: disable=protected-access
     replica_id = None
-    if replica_context is None:
-        context = "cross-replica"
-    elif compat.strategy_context.has_strategy():
-        context = "replica"
-        replica_id = _replica_index(replica_context)
+    if not stack:
+        context, strategy_name = "no strategy", _default_strategy_name()
     else:
-        context = "no strategy"
+        mode = stack[-1]
+        strategy_name = type(mode.strategy).__name__
+        if mode.replica_context is None:
+            context = "cross-replica"
+        else:
+            context = "replica"
+            replica_id = _replica_index(mode.replica_context)
     event = WatchEvent(kind, variable, tuple(resolved), context, replica_id,
-                       type(strategy).__name__,
-                       not pywrap_tfe.TFE_Py_TapeSetIsEmpty())
+                       strategy_name, not pywrap_tfe.TFE_Py_TapeSetIsEmpty())
     with _lock:
         for sink in _open_sinks:
             sink.add_event(event)
+
+
+def _default_strategy_name():
+    """The class name of the default strategy (what runs with no strategy)."""
+    global _DEFAULT_STRATEGY_NAME
+    if _DEFAULT_STRATEGY_NAME is None:
+        _DEFAULT_STRATEGY_NAME = type(
+            compat.strategy_context._get_default_strategy()).__name__  # pylint: disable=protected-access
+    return _DEFAULT_STRATEGY_NAME
+
+
+_DEFAULT_STRATEGY_NAME = None
 
 
 def record_gradient(event):
