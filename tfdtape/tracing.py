@@ -31,8 +31,9 @@ from tfdtape import compat
 from tfdtape import errors
 from tfdtape import keras_variables
 
-# Kept across importlib.reload, so a reload does not drop open traces.
-_open_sinks = globals().get("_open_sinks", [])
+# Kept across importlib.reload, so a reload does not drop open traces. A
+# tuple, replaced whole under the lock, so reporting reads it without one.
+_open_sinks = tuple(globals().get("_open_sinks", ()))
 active = bool(_open_sinks)  # True while a sink is open; read on the hot path.
 _lock = globals().get("_lock") or threading.Lock()
 
@@ -96,7 +97,7 @@ class Trace:
         self.complete = True
 
     def add_event(self, event):
-        """Keeps a WatchEvent."""
+        """Keeps a WatchEvent (list.append is atomic: no lock needed)."""
         self.events.append(event)
 
     def add_gradient(self, event):
@@ -170,25 +171,24 @@ INCOMPLETE_NOTE = ("note: tfdtape was uninstalled while this was recording; "
 def note_uninstalled():
     """Marks every open sink incomplete (called when tfdtape is uninstalled:
     TensorFlow's own functions report nothing)."""
-    with _lock:
-        for sink in _open_sinks:
-            sink.complete = False
+    for sink in _open_sinks:
+        sink.complete = False
 
 
 def open_sink(sink):
     """Starts sending every report to `sink` (its add_event / add_gradient)."""
-    global active
+    global active, _open_sinks
     with _lock:
-        _open_sinks.append(sink)
+        _open_sinks += (sink,)
         active = True
 
 
 def close_sink(sink):
     """Stops sending reports to `sink`; a sink a fork already closed is fine."""
-    global active
+    global active, _open_sinks
     with _lock:
-        if sink in _open_sinks:
-            _open_sinks.remove(sink)
+        _open_sinks = tuple(open_sink_ for open_sink_ in _open_sinks
+                            if open_sink_ is not sink)
         active = bool(_open_sinks)
 
 
@@ -210,9 +210,8 @@ def record(kind, variable, resolved):
             replica_id = _replica_index(mode.replica_context)
     event = WatchEvent(kind, variable, tuple(resolved), context, replica_id,
                        strategy_name, not pywrap_tfe.TFE_Py_TapeSetIsEmpty())
-    with _lock:
-        for sink in _open_sinks:
-            sink.add_event(event)
+    for sink in _open_sinks:
+        sink.add_event(event)
 
 
 def _default_strategy_name():
@@ -229,9 +228,8 @@ _DEFAULT_STRATEGY_NAME = None
 
 def record_gradient(event):
     """Sends one GradientEvent to every open sink."""
-    with _lock:
-        for sink in _open_sinks:
-            sink.add_gradient(event)
+    for sink in _open_sinks:
+        sink.add_gradient(event)
 
 
 def caller_location(frame):
@@ -260,10 +258,15 @@ def _library_folders():
 
 
 def _replica_index(replica_context):
-    replica_id = replica_context.replica_id_in_sync_group
-    value = tensor_util.constant_value(replica_id) if not isinstance(
-        replica_id, int) else replica_id
-    return None if value is None else int(value)
+    """The replica's index: the context's own int where it keeps one (the
+    public property builds a tensor on every call), else the tensor's
+    constant value."""
+    replica_id = getattr(replica_context, "_replica_id_in_sync_group", None)
+    if not isinstance(replica_id, int):
+        replica_id = replica_context.replica_id_in_sync_group
+        if not isinstance(replica_id, int):
+            replica_id = tensor_util.constant_value(replica_id)
+    return None if replica_id is None else int(replica_id)
 
 
 def _close_traces_after_fork():
@@ -272,9 +275,9 @@ def _close_traces_after_fork():
 
     Idempotent, so a reload registering it again does no harm.
     """
-    global active, _lock
+    global active, _lock, _open_sinks
     _lock = threading.Lock()
-    _open_sinks.clear()
+    _open_sinks = ()
     active = False
 
 
