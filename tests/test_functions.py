@@ -2,7 +2,6 @@
 
 import sys
 
-import pytest
 import tensorflow as tf
 
 import tfdtape

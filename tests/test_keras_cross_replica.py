@@ -25,7 +25,6 @@ from keras_models import is_keras3
 from keras_models import keras_module
 from keras_models import mean_squared_error
 from keras_models import tf_variable
-from tfdtape import testing
 from tfdtape.testing import PATCHED_CONFIGURATIONS
 
 HANDLE_UNAVAILABLE = ("DistributedVariable.handle is not available outside "

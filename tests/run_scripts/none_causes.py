@@ -3,7 +3,6 @@
 
 import tensorflow as tf
 
-import tfdtape
 from tfdtape import testing
 
 strategy = testing.mirrored_strategy(2)
