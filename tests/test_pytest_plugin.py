@@ -94,7 +94,7 @@ def test_tfdtape_report_for_a_test_run(pytester):
         "-p", "no:cacheprovider", "-p", "tfdtape_pytest",
         "--tfdtape-report", "tapes.json")
     result.assert_outcomes(passed=2)
-    result.stdout.fnmatch_lines(["*= tfdtape =*", "tfdtape run: pytest *",
+    result.stdout.fnmatch_lines(["*= tfdtape =*", "tfdtape run: *exited with status 0",
                                  "*Variable:0*container*replica 0,1*",
                                  "report written to tapes.json"])
     report = json.loads((pytester.path / "tapes.json").read_text())
@@ -105,6 +105,7 @@ def test_tfdtape_report_for_a_test_run(pytester):
     # pre_seed test ran with tfdtape uninstalled: nothing reports there.
     assert {(w["how"], w["replica"]) for w in reads} == {
         ("container", 0), ("container", 1)}
+    assert report["complete"] is False  # pre_seed uninstalled tfdtape
 
 
 def test_tfdtape_report_to_an_unwritable_path_is_a_usage_error(pytester):

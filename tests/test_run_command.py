@@ -213,3 +213,46 @@ def test_another_librarys_patch_is_one_line_and_exit_2(tmp_path):
     assert len(lines) == 1 and lines[0].startswith("tfdtape: cannot install")
     assert "sitecustomize.counting" in lines[0]
     assert not marker.exists()
+
+
+@pytest.mark.parametrize("body, status, stdout", [
+    ("import os\nos.chdir('/')\nprint(__file__)\n", 0, "{script}\n"),
+    ("import sys\ndef hook(kind, value, trace):\n    print('hook', kind.__name__)\n"
+     "sys.excepthook = hook\nraise ValueError('x')\n", 1, "hook ValueError\n"),
+    ("import sys\nsys.exit(-1)\n", 255, ""),
+    ("import sys\nsys.exit(True)\n", 1, ""),
+    ("import threading, time\n"
+     "def late():\n    time.sleep(0.5)\n    print('thread done', flush=True)\n"
+     "threading.Thread(target=late).start()\n", 0, "thread done\n"),
+], ids=["__file__ absolute", "excepthook", "exit -1", "exit True",
+        "non-daemon thread"])
+def test_the_script_runs_as_under_python(tmp_path, body, status, stdout):
+    script = tmp_path / "script.py"
+    script.write_text(body)
+    for runner in ([sys.executable], [sys.executable, "-m", "tfdtape", "run",
+                                      "--json", "report.json"]):
+        completed = subprocess.run(
+            runner + ["script.py"], cwd=tmp_path, capture_output=True,
+            text=True, timeout=300, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
+        assert completed.returncode == status, (runner, completed.stderr)
+        assert completed.stdout == stdout.format(script=script), runner
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert report["exit_status"] == status
+
+
+def test_keyboard_interrupt_ends_the_process_by_sigint(tmp_path):
+    script = tmp_path / "interrupted.py"
+    script.write_text("raise KeyboardInterrupt\n")
+    plain = subprocess.run([sys.executable, str(script)], capture_output=True,
+                           timeout=120)
+    completed = tfdtape_run(str(script))
+    assert completed.returncode == plain.returncode == -2
+    assert "KeyboardInterrupt" in completed.stderr
+    assert "exited with status 1" in summary_of(completed.stderr)
+
+
+def test_help_exits_0():
+    completed = tfdtape_run("--help")
+    assert completed.returncode == 0
+    assert completed.stdout.startswith("usage: python -m tfdtape run")
+    assert "--fail-on-none-gradient" in completed.stdout

@@ -16,12 +16,10 @@ import argparse
 import os
 import sys
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-
-from tfdtape import command_line  # pylint: disable=g-import-not-at-top
-from tfdtape import info_command  # pylint: disable=g-import-not-at-top
-from tfdtape import run_command  # pylint: disable=g-import-not-at-top
-from tfdtape import verify_command  # pylint: disable=g-import-not-at-top
+from tfdtape import command_line
+from tfdtape import info_command
+from tfdtape import run_command
+from tfdtape import verify_command
 
 
 def _parser():
@@ -49,6 +47,9 @@ def main(argv=None):
     except SystemExit as exit_request:
         return (command_line.EXIT_UNUSABLE if exit_request.code
                 else command_line.EXIT_PASSED)
+    # TensorFlow's start-up chatter is noise in verify's and info's reports
+    # (run leaves the environment to the script it runs).
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
     if args.command == "verify":
         return _report_usage_errors(verify_command.run, args, argv)
     return _report_usage_errors(info_command.run, args)

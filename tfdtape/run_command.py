@@ -20,7 +20,6 @@ import builtins
 import json
 import os
 import sys
-import traceback
 import types
 
 from tfdtape import command_line
@@ -29,6 +28,10 @@ USAGE = ("usage: python -m tfdtape run [--json PATH] [--fail-on-none-gradient] "
          "[--quiet] [--no-install] (SCRIPT | -m MODULE) [ARGS...]")
 _FLAGS = {"--fail-on-none-gradient": "fail_on_none", "--quiet": "quiet",
           "--no-install": "no_install"}
+
+
+class HelpRequested(Exception):
+    """`run --help`: print the usage and exit 0."""
 
 
 class Options:
@@ -76,7 +79,12 @@ def parse(argv):
             options.arguments = argv[position + 1:]
             break
         elif argument in ("-h", "--help"):
-            raise command_line.UsageError(USAGE)
+            raise HelpRequested()
+        elif argument == "--":
+            if position + 1 < len(argv):
+                options.script = argv[position + 1]
+                options.arguments = argv[position + 2:]
+            break
         elif argument.startswith("-") and argument != "-":
             raise command_line.UsageError(f"run: unknown option {argument}; {USAGE}")
         else:
@@ -96,8 +104,9 @@ def _check_target(options):
             f"run: cannot run {options.script}: no such file")
     if options.module is not None:
         import importlib.util  # pylint: disable=g-import-not-at-top
-        try:
-            found = importlib.util.find_spec(options.module) is not None
+        top_level = options.module.split(".")[0]
+        try:  # Only the top-level name: a dotted one would import its parents.
+            found = bool(top_level) and importlib.util.find_spec(top_level) is not None
         except (ImportError, ValueError):
             found = False
         if not found:
@@ -105,27 +114,29 @@ def _check_target(options):
                 f"run: no module named {options.module!r}")
 
 
-def task_name():
-    """The TF_CONFIG task as 'type-index' (e.g. worker-0), else 'local'."""
+def task_of_config():
+    """The TF_CONFIG task as 'type-index' (e.g. worker-0), or None without a
+    readable one."""
     raw = os.environ.get("TF_CONFIG")
     if not raw:
-        return "local"
+        return None
     try:
         task = json.loads(raw)["task"]
         return f"{task['type']}-{task['index']}"
     except (ValueError, KeyError, TypeError):
-        return "local"
+        return None
 
 
 def run(argv):
     """Runs `python -m tfdtape run ARGV`; returns the exit status."""
-    options = parse(argv)
-    task = task_name()
-    json_path = None
+    try:
+        options = parse(argv)
+    except HelpRequested:
+        print(f"{USAGE}\n\n{__doc__.split(chr(10) + chr(10), 1)[1]}", end="")
+        return command_line.EXIT_PASSED
     if options.json is not None:
-        json_path = options.json.replace("{task}", task)
-        command_line.check_output_path(json_path, "--json")
-        json_path = os.path.abspath(json_path)  # the script may chdir
+        command_line.check_output_path(_json_path(options.json), "--json")
+    working_directory = os.getcwd()  # the script may chdir
     command_line.import_tensorflow()
     from tfdtape import patching  # pylint: disable=g-import-not-at-top
     from tfdtape import recorder as recorder_lib  # pylint: disable=g-import-not-at-top
@@ -135,22 +146,57 @@ def run(argv):
     with _tensorflow_for(options, patching):
         tracing.open_sink(recorder)
         try:
-            status = _run_target(options)
+            status, interrupted = _run_target(options)
+            _join_other_threads()  # as Python waits for them before exiting
         finally:
             tracing.close_sink(recorder)
     command = ([options.script] if options.script else ["-m", options.module])
     report = run_report.build(
         recorder.snapshot(), command + options.arguments, status,
-        installed=not options.no_install,
-        task=task if "TF_CONFIG" in os.environ else None)
-    sys.stdout.flush()
+        installed=not options.no_install, task=task_of_config())
+    _flush(sys.stdout)
     if not options.quiet:
         print(run_report.summary(report), file=sys.stderr)
-    if json_path:
-        run_report.write_json(json_path, report)
+    if options.json is not None:  # the script may have set TF_CONFIG
+        run_report.write_json(
+            os.path.join(working_directory, _json_path(options.json)), report)
+    if interrupted:
+        _die_of_sigint()
     if status == 0 and options.fail_on_none and recorder.none_gradient_count:
         return command_line.EXIT_FAILED
     return status
+
+
+def _json_path(pattern):
+    """The --json path with `{task}` filled in from TF_CONFIG as it is now."""
+    return pattern.replace("{task}", task_of_config() or "local")
+
+
+def _flush(stream):
+    """Flushes `stream` unless the script closed it."""
+    try:
+        stream.flush()
+    except (ValueError, OSError):
+        pass
+
+
+def _join_other_threads():
+    """Waits for the script's non-daemon threads, as Python does at exit,
+    so that what they record is in the report."""
+    import threading  # pylint: disable=g-import-not-at-top
+    current = threading.current_thread()
+    for thread in threading.enumerate():
+        if thread is not current and not thread.daemon and thread.is_alive():
+            thread.join()
+
+
+def _die_of_sigint():
+    """Ends the process as an uncaught KeyboardInterrupt ends Python's:
+    killed by SIGINT."""
+    import signal  # pylint: disable=g-import-not-at-top
+    _flush(sys.stderr)
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    os.kill(os.getpid(), signal.SIGINT)
 
 
 def _tensorflow_for(options, patching):
@@ -170,30 +216,37 @@ def _tensorflow_for(options, patching):
 
 
 def _run_target(options):
-    """Runs the script or module as __main__; returns its exit status,
-    printing an uncaught exception's traceback as Python would."""
+    """Runs the script or module as __main__.
+
+    Returns:
+        (exit status, whether a KeyboardInterrupt ended it). An uncaught
+        exception goes to `sys.excepthook`, as Python would hand it, with
+        tfdtape's own frames left out.
+    """
     try:
         if options.script is not None:
             _run_script(options.script, options.arguments)
         else:
             _run_module(options.module, options.arguments)
     except SystemExit as exit_request:
-        return _exit_status(exit_request.code)
+        return _exit_status(exit_request.code), False
     except BaseException as error:  # pylint: disable=broad-except
-        traceback.print_exception(type(error), error,
-                                  _user_traceback(error.__traceback__))
-        return 130 if isinstance(error, KeyboardInterrupt) else 1
-    return 0
+        trace = _user_traceback(error.__traceback__)
+        sys.excepthook(type(error), error.with_traceback(trace), trace)
+        return 1, isinstance(error, KeyboardInterrupt)
+    return 0, False
 
 
 def _run_script(path, arguments):
-    """Runs the file at `path` as `python PATH ARGUMENTS` would."""
-    with open(path, "rb") as source_file:
-        code = compile(source_file.read(), path, "exec", dont_inherit=True)
+    """Runs the file at `path` as `python PATH ARGUMENTS` would: `argv[0]` as
+    typed, `__file__` and the code's filename absolute (as Python 3.9+)."""
+    absolute = os.path.abspath(path)
+    with open(absolute, "rb") as source_file:
+        code = compile(source_file.read(), absolute, "exec", dont_inherit=True)
     sys.argv = [path, *arguments]
-    sys.path[0] = os.path.dirname(os.path.realpath(path))
+    sys.path[0] = os.path.dirname(os.path.realpath(absolute))
     main = types.ModuleType("__main__")
-    main.__file__ = path
+    main.__file__ = absolute
     main.__builtins__ = builtins
     main.__cached__ = None
     sys.modules["__main__"] = main
@@ -209,11 +262,13 @@ def _run_module(name, arguments):
 
 
 def _exit_status(code):
-    """The process exit status Python gives for `SystemExit(code)`."""
+    """The process exit status Python gives for `SystemExit(code)`: None is
+    0, an int (a bool included) is taken modulo 256, anything else is
+    printed and gives 1."""
     if code is None:
         return 0
     if isinstance(code, int):
-        return code
+        return int(code) & 0xFF
     print(code, file=sys.stderr)
     return 1
 

@@ -49,8 +49,11 @@ def write_json(path, report):
 def summary(report):
     """The summary for people: one block per question, within WIDTH columns."""
     command = " ".join([_relative(report["command"][0])] + report["command"][1:])
-    lines = [_shorten(f"tfdtape run: {command} exited with status "
-                      f"{report['exit_status']}"),
+    ending = f" exited with status {report['exit_status']}"
+    room = WIDTH - len("tfdtape run: ") - len(ending)
+    if len(command) > room:
+        command = "..." + command[len(command) - room + 3:]
+    lines = [f"tfdtape run: {command}{ending}",
              f"TensorFlow {report['tensorflow']}, tfdtape {report['tfdtape']} "
              + ("installed" if report["installed"] else
                 "not installed (stock TensorFlow observed)")]
@@ -65,7 +68,7 @@ def summary(report):
         lines.append(_shorten(
             f"  {item['source']}: {item['reason']} ({item['context']}), "
             f"{_times(item['count'])}"))
-        lines.append(f"      at {_relative(item['location'])}")
+        lines.append(_shorten_left(f"      at {_relative(item['location'])}"))
         lines += textwrap.wrap(item["message"], WIDTH, initial_indent="      ",
                                subsequent_indent="      ")
     lines += ["", "Cross-replica total derivatives (sum over components): "
@@ -74,7 +77,7 @@ def summary(report):
         lines.append(_shorten(
             f"  {item['source']}: sum of {item['components']} components, "
             f"{_times(item['count'])}"))
-        lines.append(f"      at {_relative(item['location'])}")
+        lines.append(_shorten_left(f"      at {_relative(item['location'])}"))
     return "\n".join(lines)
 
 
@@ -127,6 +130,14 @@ def _none_count(report):
 
 def _times(count):
     return "once" if count == 1 else f"{count} times"
+
+
+def _shorten_left(text, width=WIDTH):
+    """A location line cut at its left (the file name and line stay)."""
+    indent = len(text) - len(text.lstrip())
+    if len(text) <= width:
+        return text
+    return " " * indent + "..." + text[len(text) - (width - indent - 3):]
 
 
 def _shorten(text, width=WIDTH):
