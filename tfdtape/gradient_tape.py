@@ -120,14 +120,12 @@ def make_gradient(original_gradient):
     @functools.wraps(original_gradient)
     def gradient(self, target, sources, output_gradients=None,
                  unconnected_gradients=UnconnectedGradients.NONE):
-        if not tracing.active:
-            return _differentiate(original_gradient, self, target, sources,
-                                  output_gradients, unconnected_gradients)[0]
         recorded = self._tape  # A non-persistent gradient drops it.
         result, totals = _differentiate(original_gradient, self, target,
                                         sources, output_gradients,
                                         unconnected_gradients)
-        _report(self, recorded, sources, result, totals, sys._getframe(1))  # pylint: disable=protected-access
+        if tracing.active:
+            _report(self, recorded, sources, result, totals, sys._getframe(1))  # pylint: disable=protected-access
         return result
 
     return gradient
@@ -163,7 +161,7 @@ def _report(tape, recorded, sources, result, totals, frame):
     reasons = explaining.none_reasons(tape, recorded, flat_sources,
                                       nest.flatten(result))
     tracing.record_gradient(tracing.GradientEvent(
-        flat_sources, tuple(reasons), totals, tracing.caller_location(frame),
+        tuple(reasons), totals, tracing.caller_location(frame),
         explaining.context_now()))
 
 
@@ -194,8 +192,8 @@ def _is_distributed_source(source):
     """True for a distributed variable, or a Keras 3 variable wrapping one."""
     if resolution.is_distributed_variable(source):
         return True
-    return (keras_variables.is_keras_variable(source) and
-            resolution.is_distributed_variable(vars(source).get("_value")))
+    return resolution.is_distributed_variable(
+        keras_variables.inner_or_none(source))
 
 
 def _split_distributed_sources(flat_sources):

@@ -45,6 +45,12 @@ def is_keras_variable(value):
     return bool(types) and isinstance(value, types)
 
 
+def inner_or_none(value):
+    """What a Keras 3 variable `value` holds as its tf.Variable (possibly None
+    before it is built); None for anything that is not a Keras 3 variable."""
+    return vars(value).get("_value") if is_keras_variable(value) else None
+
+
 def wrapped_variable(value, symbol):
     """The `tf.Variable` that the Keras 3 variable `value` wraps, or None.
 
@@ -56,7 +62,7 @@ def wrapped_variable(value, symbol):
     """
     if not is_keras_variable(value):
         return None
-    inner = vars(value).get("_value")
+    inner = inner_or_none(value)
     if not isinstance(inner, variables.Variable):
         raise errors.NotWatchableError(errors.message(
             f"Keras variable {label(value)!r} has no tf.Variable yet", symbol,

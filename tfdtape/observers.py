@@ -70,10 +70,9 @@ def _observe_gradient(original):
         recorded = self._tape  # pylint: disable=protected-access
         result = original(self, target, sources, *args, **kwargs)
         if tracing.active:
-            flat_sources = tuple(nest.flatten(sources))
             tracing.record_gradient(tracing.GradientEvent(
-                flat_sources, tuple(explaining.none_reasons(
-                    self, recorded, flat_sources, nest.flatten(result))),
+                tuple(explaining.none_reasons(
+                    self, recorded, nest.flatten(sources), nest.flatten(result))),
                 (), tracing.caller_location(sys._getframe(1)),  # pylint: disable=protected-access
                 explaining.context_now()))
         return result

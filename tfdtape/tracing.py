@@ -68,7 +68,6 @@ class GradientEvent:
     """One `GradientTape.gradient` call, as far as the report needs it.
 
     Attributes:
-        sources: the flat sources, as passed.
         none_reasons: (source, reason, message) for every source whose
             gradient is None, reasons as `tfdtape.explain` gives them.
         totals: (source, number of components) for every source that got a
@@ -76,7 +75,6 @@ class GradientEvent:
         location: "file:line" of the call in the user's code.
         context: "replica", "cross-replica" or "no strategy".
     """
-    sources: Tuple[object, ...]
     none_reasons: Tuple[Tuple[object, str, str], ...]
     totals: Tuple[Tuple[object, int], ...]
     location: str
