@@ -71,8 +71,11 @@ class SessionReport:
         del session
         importlib.import_module("tfdtape.tracing").close_sink(self.recorder)
         run_report = importlib.import_module("tfdtape.run_report")
-        self.report = run_report.build(self.recorder.snapshot(), self.command,
-                                       int(exitstatus), installed=True, task=None)
+        snapshot = self.recorder.snapshot()
+        self.report = run_report.build(
+            snapshot, self.command, int(exitstatus), installed=True, task=None,
+            incomplete_reason=(None if snapshot["complete"] else
+                               importlib.import_module("tfdtape.tracing").INCOMPLETE_NOTE))
         run_report.write_json(self.path, self.report)
 
     def pytest_terminal_summary(self, terminalreporter):

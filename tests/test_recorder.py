@@ -6,11 +6,13 @@ import os
 import tracemalloc
 import weakref
 
+import pytest
 import tensorflow as tf
 
 import tfdtape
 from tfdtape import explaining
 from tfdtape import recorder as recorder_lib
+from tfdtape import run_report
 from tfdtape import tracing
 
 RECORDING_FILES = tuple(
@@ -108,3 +110,25 @@ def test_memory_does_not_grow_with_steps():
     print(f"the recording holds {after_500} bytes after 500 steps, "
           f"{after_2000} after 2000")
     assert after_2000 - after_500 <= 256, (after_500, after_2000)
+
+
+def test_an_empty_recording_is_the_reports_empty_snapshot():
+    assert recorder_lib.Recorder().snapshot() == run_report.EMPTY_SNAPSHOT
+
+
+def test_the_report_needs_a_reason_exactly_when_incomplete():
+    empty = run_report.EMPTY_SNAPSHOT
+    report = run_report.build(empty, ["s.py"], 0, installed=True, task=None)
+    assert report["tensorflow"] == tf.__version__
+    assert list(report)[7:9] == ["complete", "incomplete_reason"]
+    assert report["complete"] is True and report["incomplete_reason"] is None
+    incomplete = dict(empty, complete=False)
+    with pytest.raises(ValueError, match="needs its reason"):
+        run_report.build(incomplete, ["s.py"], 0, installed=True, task=None)
+    with pytest.raises(ValueError, match="needs its reason"):
+        run_report.build(empty, ["s.py"], 0, installed=True, task=None,
+                         incomplete_reason="why")
+    report = run_report.build(incomplete, ["s.py"], 0, installed=True,
+                              task=None, incomplete_reason="why not")
+    assert report["incomplete_reason"] == "why not"
+    assert "\nwhy not\n" in run_report.summary(report)

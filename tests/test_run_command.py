@@ -11,6 +11,7 @@ import sys
 import pytest
 
 from tfdtape import explaining
+from tfdtape import run_recording
 from tfdtape import run_report
 
 TESTS = pathlib.Path(__file__).resolve().parent
@@ -256,3 +257,150 @@ def test_help_exits_0():
     assert completed.returncode == 0
     assert completed.stdout.startswith("usage: python -m tfdtape run")
     assert "--fail-on-none-gradient" in completed.stdout
+
+
+def test_tensorflow_arrives_with_the_scripts_own_import(tmp_path):
+    script = tmp_path / "late.py"
+    script.write_text(
+        "import sys\n"
+        "print('tensorflow' in sys.modules)\n"
+        "import tensorflow\n"
+        "from tensorflow.python.eager import tape\n"
+        "print(tape.watch_variable.__module__)\n")
+    expected = {"python": "tensorflow.python.eager.tape",
+                "run": "tfdtape.tape_functions",
+                "run --no-install": "tensorflow.python.eager.tape"}
+    for name, runner in [("python", [sys.executable]),
+                         ("run", [sys.executable, "-m", "tfdtape", "run"]),
+                         ("run --no-install", [sys.executable, "-m", "tfdtape",
+                                               "run", "--no-install"])]:
+        completed = subprocess.run(
+            runner + [str(script)], capture_output=True, text=True, timeout=300,
+            env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
+        assert completed.returncode == 0, (name, completed.stderr)
+        assert completed.stdout == f"False\n{expected[name]}\n", name
+
+
+@pytest.mark.parametrize("first_import", [
+    "import tfdtape\nwith tfdtape.trace() as trace:\n    import tensorflow as tf\n",
+    "from tfdtape import testing\nimport tensorflow as tf\n",
+    "import keras\nimport tensorflow as tf\n",
+    "import threading\nthreads = [threading.Thread(target=__import__, "
+    "args=('tensorflow',)) for _ in range(3)]\n"
+    "[thread.start() for thread in threads]\n"
+    "[thread.join() for thread in threads]\nimport tensorflow as tf\n",
+], ids=["inside tfdtape.trace", "through tfdtape.testing", "through keras",
+        "from threads"])
+def test_tfdtape_is_in_however_tensorflow_arrives(tmp_path, first_import):
+    script = tmp_path / "arrives.py"
+    script.write_text(
+        first_import +
+        "strategy = tf.distribute.MirroredStrategy(['/cpu:0'])\n"
+        "with strategy.scope():\n"
+        "    v = tf.Variable(2.0, name='v')\n"
+        "    with tf.GradientTape() as tape:\n"
+        "        y = v * v\n"
+        "    print(tape.gradient(y, v).numpy())\n"
+        "from tensorflow.python.eager import tape as tape_module\n"
+        "print(tape_module.watch_variable.__module__)\n")
+    completed = tfdtape_run("--json", str(tmp_path / "report.json"), str(script))
+    assert completed.returncode == 0, completed.stderr
+    assert completed.stdout == "4.0\ntfdtape.tape_functions\n"
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert report["tensorflow"] == tf_version() and report["complete"] is True
+    assert [(t["source"], t["components"]) for t in report["total_derivatives"]] == [
+        ("v:0", 1)]
+
+
+def tf_version():
+    """The installed TensorFlow's version, read in a subprocess."""
+    return subprocess.run(
+        [sys.executable, "-c", "import tensorflow; print(tensorflow.__version__)"],
+        capture_output=True, text=True, check=True, timeout=300,
+        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")).stdout.strip()
+
+
+def test_a_script_that_never_imports_tensorflow(tmp_path):
+    script = tmp_path / "plain.py"
+    script.write_text("print('no tensorflow here')\n")
+    completed = tfdtape_run("--json", str(tmp_path / "report.json"), str(script))
+    assert completed.returncode == 0, completed.stderr
+    assert completed.stdout == "no tensorflow here\n"
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert report["tensorflow"] is None and report["complete"] is True
+    assert report["watched"] == report["none_gradients"] == []
+    assert report["incomplete_reason"] is None
+    assert ("the script did not import TensorFlow, so there was nothing to "
+            "record") in summary_of(completed.stderr)
+
+
+def fake_tensorflow(tmp_path, module_text):
+    """A PYTHONPATH entry whose `tensorflow` package is `module_text`."""
+    package = tmp_path / "fake" / "tensorflow"
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text(module_text)
+    return {"PYTHONPATH": str(tmp_path / "fake")}
+
+
+def test_an_unsupported_tensorflow_stops_the_run_at_its_import(tmp_path):
+    script = tmp_path / "script.py"
+    script.write_text("print('before', flush=True)\n"
+                      "try:\n    import tensorflow\n"
+                      "except Exception:\n    print('carried on')\n"
+                      "print('after')\n")
+    completed = tfdtape_run("--json", str(tmp_path / "r.json"), str(script),
+                            env=fake_tensorflow(tmp_path, "__version__ = '2.11.0'\n"))
+    assert completed.returncode == 2
+    assert completed.stdout == "before\n"
+    assert completed.stderr == ("tfdtape: TensorFlow 2.11.0 is not supported: "
+                                "expected a release in >=2.12,<2.22\n")
+    assert not (tmp_path / "r.json").exists()
+
+
+def test_a_tensorflow_that_fails_to_import_fails_as_under_python(tmp_path):
+    script = tmp_path / "script.py"
+    script.write_text("try:\n    import tensorflow\n"
+                      "except ImportError as error:\n    print(error)\n")
+    environment = fake_tensorflow(tmp_path, "raise ImportError('broken build')\n")
+    plain = subprocess.run([sys.executable, str(script)], capture_output=True,
+                           text=True, timeout=300,
+                           env=dict(os.environ, **environment))
+    completed = tfdtape_run("--json", str(tmp_path / "r.json"), str(script),
+                            env=environment)
+    assert completed.returncode == plain.returncode == 0, completed.stderr
+    assert completed.stdout == plain.stdout == "broken build\n"
+    assert json.loads((tmp_path / "r.json").read_text())["tensorflow"] is None
+
+
+def test_no_tensorflow_at_all_is_one_line_and_exit_2(tmp_path):
+    (tmp_path / "sitecustomize.py").write_text(
+        "import sys\n"
+        "class Hide:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name == 'tensorflow':\n"
+        "            raise ModuleNotFoundError(name)\n"
+        "sys.meta_path.insert(0, Hide())\n")
+    marker = tmp_path / "ran"
+    script = tmp_path / "script.py"
+    script.write_text(f"open({str(marker)!r}, 'w').close()\n")
+    completed = tfdtape_run(str(script), env={"PYTHONPATH": str(tmp_path)})
+    assert completed.returncode == 2
+    assert completed.stderr.startswith("tfdtape: TensorFlow is not installed. ")
+    assert len(completed.stderr.splitlines()) == 1
+    assert not marker.exists()
+
+
+def test_a_tensorflow_import_run_did_not_see_is_reported_not_hidden(tmp_path):
+    script = tmp_path / "script.py"
+    script.write_text(
+        "import sys\n"
+        "sys.meta_path[:] = [finder for finder in sys.meta_path\n"
+        "                    if type(finder).__name__ != 'AfterImport']\n"
+        "import tensorflow\n")
+    completed = tfdtape_run("--json", str(tmp_path / "r.json"), str(script))
+    assert completed.returncode == 0, completed.stderr
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert report["complete"] is False and report["tensorflow"] == tf_version()
+    assert report["incomplete_reason"] == run_recording.UNSEEN_IMPORT_NOTE
+    assert " ".join(summary_of(completed.stderr).split()).count(
+        "tfdtape was not installed and nothing was recorded") == 1

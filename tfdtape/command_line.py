@@ -32,6 +32,27 @@ def import_tensorflow():
         raise UsageError(
             f"TensorFlow cannot be imported ({type(error).__name__}: "
             f"{_first_line(error)}). {INSTALL_ADVICE}") from None
+    return check_release(tensorflow)
+
+
+def check_tensorflow_installed():
+    """Raises UsageError unless a `tensorflow` package can be found (found,
+    not imported)."""
+    import importlib.util  # pylint: disable=g-import-not-at-top
+    try:
+        found = importlib.util.find_spec("tensorflow") is not None
+    except (ImportError, ValueError):
+        found = False
+    if not found:
+        raise UsageError(f"TensorFlow is not installed. {INSTALL_ADVICE}")
+
+
+def check_release(tensorflow):
+    """Returns the imported `tensorflow` module if it is a supported release.
+
+    Raises:
+        UsageError: it has no `__version__`, or the release is not supported.
+    """
     from tfdtape import versions  # pylint: disable=g-import-not-at-top
     version = getattr(tensorflow, "__version__", None)
     if not isinstance(version, str):

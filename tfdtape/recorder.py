@@ -60,12 +60,6 @@ class Recorder:
                 key = (keras_variables.label(source), components, event.location)
                 self._totals[key] += 1
 
-    @property
-    def none_gradient_count(self):
-        """How many sources got a None gradient, over all calls."""
-        with self._lock:
-            return sum(self._none_gradients.values())
-
     def snapshot(self):
         """Everything counted so far, as JSON-ready lists of dicts."""
         with self._lock:

@@ -23,6 +23,8 @@ import sys
 import types
 
 from tfdtape import command_line
+from tfdtape import run_recording
+from tfdtape import run_report
 
 USAGE = ("usage: python -m tfdtape run [--json PATH] [--fail-on-none-gradient] "
          "[--quiet] [--no-install] (SCRIPT | -m MODULE) [ARGS...]")
@@ -136,24 +138,27 @@ def run(argv):
         return command_line.EXIT_PASSED
     if options.json is not None:
         command_line.check_output_path(_json_path(options.json), "--json")
+    command_line.check_tensorflow_installed()
     working_directory = os.getcwd()  # the script may chdir
-    command_line.import_tensorflow()
-    from tfdtape import patching  # pylint: disable=g-import-not-at-top
-    from tfdtape import recorder as recorder_lib  # pylint: disable=g-import-not-at-top
-    from tfdtape import run_report  # pylint: disable=g-import-not-at-top
-    from tfdtape import tracing  # pylint: disable=g-import-not-at-top
-    recorder = recorder_lib.Recorder()
-    with _tensorflow_for(options, patching):
-        tracing.open_sink(recorder)
-        try:
-            status, interrupted = _run_target(options)
-            _join_other_threads()  # as Python waits for them before exiting
-        finally:
-            tracing.close_sink(recorder)
+    if options.no_install:  # the script's `import tfdtape` installs nothing
+        os.environ["TFDTAPE_AUTOINSTALL"] = "0"
+    recording = run_recording.RunRecording(observe_stock=options.no_install)
+    try:
+        recording.start()
+        status, interrupted = _run_target(options)
+        _join_other_threads()  # as Python waits for them before exiting
+    except run_recording.InstallRefused:
+        status, interrupted = command_line.EXIT_UNUSABLE, False
+    finally:
+        recording.stop()
+    if recording.refusal is not None:
+        raise command_line.UsageError(recording.refusal)
+    snapshot, incomplete_reason = recording.snapshot()
     command = ([options.script] if options.script else ["-m", options.module])
     report = run_report.build(
-        recorder.snapshot(), command + options.arguments, status,
-        installed=not options.no_install, task=task_of_config())
+        snapshot, command + options.arguments, status,
+        installed=not options.no_install, task=task_of_config(),
+        incomplete_reason=incomplete_reason)
     _flush(sys.stdout)
     if not options.quiet:
         print(run_report.summary(report), file=sys.stderr)
@@ -162,7 +167,7 @@ def run(argv):
             os.path.join(working_directory, _json_path(options.json)), report)
     if interrupted:
         _die_of_sigint()
-    if status == 0 and options.fail_on_none and recorder.none_gradient_count:
+    if status == 0 and options.fail_on_none and report["none_gradients"]:
         return command_line.EXIT_FAILED
     return status
 
@@ -199,22 +204,6 @@ def _die_of_sigint():
     os.kill(os.getpid(), signal.SIGINT)
 
 
-def _tensorflow_for(options, patching):
-    """A context in which TensorFlow is as the run needs it."""
-    if options.no_install:
-        os.environ["TFDTAPE_AUTOINSTALL"] = "0"  # the script's import tfdtape too
-        from tfdtape import observers  # pylint: disable=g-import-not-at-top
-        return observers.observe_stock()
-    from tfdtape import errors  # pylint: disable=g-import-not-at-top
-    try:
-        patching.install()
-    except (errors.UnsupportedTensorFlowError, errors.PatchConflictError) as error:
-        raise command_line.UsageError(
-            str(error).removeprefix("tfdtape: ")) from None
-    import contextlib  # pylint: disable=g-import-not-at-top
-    return contextlib.nullcontext()
-
-
 def _run_target(options):
     """Runs the script or module as __main__.
 
@@ -230,6 +219,8 @@ def _run_target(options):
             _run_module(options.module, options.arguments)
     except SystemExit as exit_request:
         return _exit_status(exit_request.code), False
+    except run_recording.InstallRefused:
+        raise
     except BaseException as error:  # pylint: disable=broad-except
         trace = _user_traceback(error.__traceback__)
         sys.excepthook(type(error), error.with_traceback(trace), trace)

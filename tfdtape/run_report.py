@@ -3,16 +3,15 @@ for people (within 100 columns) and a versioned JSON report.
 
 The JSON schema (`SCHEMA`, documented in docs/run.md) is the recorder's
 snapshot plus what describes the run: the command, its exit status, the
-TensorFlow and tfdtape versions, whether tfdtape was installed, and the
-multi-worker task.
+TensorFlow and tfdtape versions, whether tfdtape was installed, the
+multi-worker task, and why the recording is incomplete when it is.
 """
 
 import collections
 import json
 import os
+import sys
 import textwrap
-
-from tfdtape import tracing
 
 SCHEMA = "tfdtape-run/1"
 """The JSON report's schema name and version; bumped on any incompatible
@@ -21,7 +20,13 @@ change."""
 WIDTH = 100
 
 
-def build(snapshot, command, exit_status, installed, task):
+EMPTY_SNAPSHOT = {"complete": True, "watched": [], "none_gradients": [],
+                  "total_derivatives": []}
+"""A recorder's snapshot when nothing was recorded."""
+
+
+def build(snapshot, command, exit_status, installed, task,
+          incomplete_reason=None):
     """The report (JSON-ready): what ran and how it ended, the versions, and
     the recorder's `snapshot`.
 
@@ -31,13 +36,19 @@ def build(snapshot, command, exit_status, installed, task):
         exit_status: its exit status.
         installed: whether tfdtape was installed (else stock was observed).
         task: the multi-worker task, e.g. "worker-0", or None.
+        incomplete_reason: why the recording is incomplete (required when
+            the snapshot says it is), else None.
     """
-    import tensorflow as tf  # pylint: disable=g-import-not-at-top
     from tfdtape import versions  # pylint: disable=g-import-not-at-top
+    if snapshot["complete"] != (incomplete_reason is None):
+        raise ValueError("an incomplete recording needs its reason, and only it")
+    tensorflow = sys.modules.get("tensorflow")
     return {"schema": SCHEMA, "command": list(command),
-            "exit_status": exit_status, "tensorflow": tf.__version__,
+            "exit_status": exit_status,
+            "tensorflow": getattr(tensorflow, "__version__", None),
             "tfdtape": versions.RELEASE, "installed": installed, "task": task,
-            **snapshot}
+            "complete": snapshot["complete"],
+            "incomplete_reason": incomplete_reason, **snapshot}
 
 
 def write_json(path, report):
@@ -53,14 +64,11 @@ def summary(report):
     room = WIDTH - len("tfdtape run: ") - len(ending)
     if len(command) > room:
         command = "..." + command[len(command) - room + 3:]
-    lines = [f"tfdtape run: {command}{ending}",
-             f"TensorFlow {report['tensorflow']}, tfdtape {report['tfdtape']} "
-             + ("installed" if report["installed"] else
-                "not installed (stock TensorFlow observed)")]
+    lines = [f"tfdtape run: {command}{ending}", _versions_line(report)]
     if report["task"]:
         lines.append(f"task: {report['task']}")
     if not report["complete"]:
-        lines += textwrap.wrap(tracing.INCOMPLETE_NOTE, WIDTH)
+        lines += textwrap.wrap(report["incomplete_reason"], WIDTH)
     lines += ["", "What the tapes watched:"]
     lines += _watched_table(report["watched"]) or ["  nothing"]
     lines += ["", f"None gradients: {_none_count(report)}"]
@@ -79,6 +87,15 @@ def summary(report):
             f"{_times(item['count'])}"))
         lines.append(_shorten_left(f"      at {_relative(item['location'])}"))
     return "\n".join(lines)
+
+
+def _versions_line(report):
+    if report["tensorflow"] is None:
+        return (f"tfdtape {report['tfdtape']}: the script did not import "
+                "TensorFlow, so there was nothing to record")
+    return (f"TensorFlow {report['tensorflow']}, tfdtape {report['tfdtape']} "
+            + ("installed" if report["installed"] else
+               "not installed (stock TensorFlow observed)"))
 
 
 def _watched_table(watched):

@@ -1,0 +1,165 @@
+"""tfdtape.import_hook: a callback right after a package's first import,
+held back while a module under the defer prefix is being imported. Packages
+made up for each test stand in for TensorFlow and tfdtape."""
+
+import importlib
+import importlib.machinery
+import sys
+import textwrap
+import threading
+
+import pytest
+
+from tfdtape import import_hook
+
+
+@pytest.fixture
+def packages(tmp_path, monkeypatch):
+    """Writes packages from {relative path: source}; returns a function that
+    does it, with tmp_path first on sys.path and the made-up modules
+    forgotten afterwards."""
+    monkeypatch.syspath_prepend(str(tmp_path))
+    written = []
+
+    def write(files):
+        for relative, source in files.items():
+            path = tmp_path / relative
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(textwrap.dedent(source))
+            written.append(relative.split("/")[0].removesuffix(".py"))
+        importlib.invalidate_caches()
+
+    yield write
+    for name in list(sys.modules):
+        if name.split(".")[0] in written:
+            del sys.modules[name]
+    sys.meta_path[:] = [finder for finder in sys.meta_path
+                        if not isinstance(finder, import_hook.AfterImport)]
+
+
+def seen_by(calls, name, attribute):
+    """A callback recording `attribute` of module `name` as it is then."""
+    return lambda: calls.append(getattr(sys.modules[name], attribute, "missing"))
+
+
+def test_calls_back_once_right_after_the_package_init(packages):
+    packages({"fakepkg/__init__.py": "STARTED = True\nREADY = True\n"})
+    calls = []
+    hook = import_hook.AfterImport("fakepkg", seen_by(calls, "fakepkg", "READY"),
+                                   defer_prefix="fakehelper.")
+    hook.start()
+    assert hook in sys.meta_path and not hook.called
+    import fakepkg  # pylint: disable=g-import-not-at-top,import-outside-toplevel
+    assert calls == [True]
+    assert hook.called and hook not in sys.meta_path
+    assert type(fakepkg.__loader__) is importlib.machinery.SourceFileLoader
+    assert fakepkg.__spec__.loader is fakepkg.__loader__
+    importlib.reload(fakepkg)
+    assert calls == [True]
+
+
+def test_calls_back_at_start_when_the_package_is_already_imported(packages):
+    packages({"fakepkg/__init__.py": "READY = True\n"})
+    importlib.import_module("fakepkg")
+    calls = []
+    hook = import_hook.AfterImport("fakepkg", seen_by(calls, "fakepkg", "READY"),
+                                   defer_prefix="fakehelper.")
+    hook.start()
+    assert calls == [True] and hook.called and hook not in sys.meta_path
+
+
+def test_waits_while_a_deferring_module_is_being_imported(packages):
+    packages({
+        "fakepkg/__init__.py": "READY = True\n",
+        "fakehelper/__init__.py": "",
+        "fakehelper/user.py": "import fakepkg\nfrom fakehelper import inner\n"
+                              "DONE = True\n",
+        "fakehelper/inner.py": "import fakepkg\n",
+    })
+    calls = []
+    hook = import_hook.AfterImport(
+        "fakepkg", seen_by(calls, "fakehelper.user", "DONE"),
+        defer_prefix="fakehelper.")
+    hook.start()
+    importlib.import_module("fakehelper.user")
+    assert calls == [True]
+    for name in ("fakehelper.user", "fakehelper.inner"):
+        assert type(sys.modules[name].__loader__) is (
+            importlib.machinery.SourceFileLoader)
+
+
+def test_control_without_the_defer_prefix_the_call_comes_mid_import(packages):
+    packages({
+        "fakepkg/__init__.py": "READY = True\n",
+        "fakehelper/__init__.py": "",
+        "fakehelper/user.py": "import fakepkg\nDONE = True\n",
+    })
+    calls = []
+    hook = import_hook.AfterImport(
+        "fakepkg", seen_by(calls, "fakehelper.user", "DONE"),
+        defer_prefix="someone_else.")
+    hook.start()
+    importlib.import_module("fakehelper.user")
+    assert calls == ["missing"]
+
+
+def test_stop_before_the_import_means_no_call(packages):
+    packages({"fakepkg/__init__.py": "READY = True\n"})
+    calls = []
+    hook = import_hook.AfterImport("fakepkg", lambda: calls.append(1),
+                                   defer_prefix="fakehelper.")
+    hook.start()
+    hook.stop()
+    importlib.import_module("fakepkg")
+    assert calls == [] and hook not in sys.meta_path and not hook.called
+
+
+def test_a_failed_package_import_calls_back_on_the_import_that_works(packages):
+    packages({"fakepkg/__init__.py": "import os\n"
+                                     "if os.environ.get('FAKEPKG_FAIL'):\n"
+                                     "    raise ImportError('not now')\n"
+                                     "READY = True\n"})
+    calls = []
+    hook = import_hook.AfterImport("fakepkg", seen_by(calls, "fakepkg", "READY"),
+                                   defer_prefix="fakehelper.")
+    hook.start()
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("FAKEPKG_FAIL", "1")
+        with pytest.raises(ImportError, match="not now"):
+            importlib.import_module("fakepkg")
+    assert calls == [] and hook in sys.meta_path
+    importlib.import_module("fakepkg")
+    assert calls == [True]
+
+
+def test_the_callbacks_exception_fails_the_import_that_triggered_it(packages):
+    packages({"fakepkg/__init__.py": "READY = True\n"})
+
+    def refuse():
+        raise RuntimeError("refused")
+
+    hook = import_hook.AfterImport("fakepkg", refuse, defer_prefix="fakehelper.")
+    hook.start()
+    with pytest.raises(RuntimeError, match="refused"):
+        importlib.import_module("fakepkg")
+    assert hook.called and hook not in sys.meta_path
+
+
+def test_threads_importing_together_get_one_call(packages):
+    packages({"fakepkg/__init__.py": "import time\ntime.sleep(0.2)\nREADY = True\n"})
+    calls = []
+    hook = import_hook.AfterImport("fakepkg", seen_by(calls, "fakepkg", "READY"),
+                                   defer_prefix="fakehelper.")
+    hook.start()
+    seen = []
+
+    def work():
+        import fakepkg  # pylint: disable=g-import-not-at-top,import-outside-toplevel
+        seen.append((fakepkg.READY, len(calls)))  # called back before
+
+    threads = [threading.Thread(target=work) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert calls == [True] and seen == [(True, 1)] * 4

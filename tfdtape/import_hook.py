@@ -1,0 +1,140 @@
+"""Calling a function right after a package is first imported.
+
+`python -m tfdtape run` installs tfdtape when the script imports TensorFlow,
+not before the script starts, so that the script runs as under `python`:
+what it does before `import tensorflow` (environment settings, its own
+imports) comes first, and a script that never imports TensorFlow never
+loads it.
+
+`AfterImport(package, callback, defer_prefix).start()` puts a finder first
+on `sys.meta_path`. It asks the finders after it for the package's spec and
+wraps the loader, so that `callback()` runs in the importing thread right
+after the package's `__init__` has run, before the import statement
+returns. While a module whose name starts with `defer_prefix` is being
+imported (tfdtape's own modules import TensorFlow, and the callback needs
+them whole), the call waits until the last such import ends. The finder
+leaves `sys.meta_path` before the callback runs, and every module keeps its
+original loader.
+
+wrapt's post-import hooks (which come with TensorFlow) fire at once when
+the module is in `sys.modules`, even half imported, and their finder stays
+on `sys.meta_path`: hence this small finder of our own.
+"""
+
+import importlib.abc
+import sys
+import threading
+
+
+class AfterImport(importlib.abc.MetaPathFinder):
+    """Calls `callback()` once, right after `package` is first imported.
+
+    An exception the callback raises propagates from the import statement
+    that triggered it (the package stays imported).
+    """
+
+    def __init__(self, package, callback, defer_prefix):
+        self._package = package
+        self._callback = callback
+        self._defer_prefix = defer_prefix
+        self._lock = threading.Lock()
+        self._imported = False      # the package's __init__ has finished
+        self._deferring = 0         # deferring imports in progress
+        self._done = False          # called back, or stopped
+        self.called = False
+        """Whether the callback has been made (or started)."""
+
+    def start(self):
+        """Calls back now if the package is already imported, else watches
+        for its import."""
+        if self._package in sys.modules:
+            self._imported = True
+            self._call_if_due()
+        else:
+            sys.meta_path.insert(0, self)
+
+    def stop(self):
+        """Stops watching; a callback not made by now is not made."""
+        with self._lock:
+            self._done = True
+            self._leave_meta_path()
+
+    def find_spec(self, fullname, path, target=None):
+        """The spec the next finders give, with a loader that reports back."""
+        is_package = fullname == self._package
+        if not is_package and not fullname.startswith(self._defer_prefix):
+            return None
+        for finder in sys.meta_path:
+            if finder is self or not hasattr(finder, "find_spec"):
+                continue
+            spec = finder.find_spec(fullname, path, target)
+            if spec is not None:
+                break
+        else:
+            return None
+        if hasattr(spec.loader, "exec_module") and not self._done:
+            spec.loader = _ReportingLoader(spec.loader, self, is_package)
+        return spec
+
+    def _exec_starts(self, is_package):
+        if not is_package:
+            with self._lock:
+                self._deferring += 1
+
+    def _exec_ends(self, is_package, succeeded):
+        with self._lock:
+            if is_package:
+                self._imported = succeeded
+            else:
+                self._deferring -= 1
+        self._call_if_due()
+
+    def _call_if_due(self):
+        with self._lock:
+            if self._done or not self._imported or self._deferring:
+                return
+            self._done = self.called = True
+            self._leave_meta_path()
+        self._callback()
+
+    def _leave_meta_path(self):
+        try:
+            sys.meta_path.remove(self)
+        except ValueError:
+            pass
+
+
+class _ReportingLoader:
+    """A loader that tells its AfterImport when executing a module starts
+    and ends; every other attribute is the original loader's, and the module
+    keeps the original as its loader."""
+
+    def __init__(self, original, hook, is_package):
+        self._original = original
+        self._hook = hook
+        self._is_package = is_package
+
+    def __getattr__(self, name):
+        return getattr(self._original, name)
+
+    def create_module(self, spec):
+        return self._original.create_module(spec)
+
+    def exec_module(self, module):
+        # pylint: disable=protected-access
+        self._hook._exec_starts(self._is_package)
+        try:
+            self._original.exec_module(module)
+        except BaseException:
+            self._give_back_loader(module)
+            self._hook._exec_ends(self._is_package, succeeded=False)
+            raise
+        self._give_back_loader(module)
+        self._hook._exec_ends(self._is_package, succeeded=True)
+
+    def _give_back_loader(self, module):
+        if getattr(module, "__loader__", None) is self:
+            module.__loader__ = self._original
+        spec = getattr(module, "__spec__", None)
+        if spec is not None and spec.loader is self:
+            spec.loader = self._original
