@@ -7,6 +7,7 @@ import pathlib
 import re
 import subprocess
 import sys
+import zipfile
 
 import pytest
 
@@ -404,3 +405,38 @@ def test_a_tensorflow_import_run_did_not_see_is_reported_not_hidden(tmp_path):
     assert report["incomplete_reason"] == run_recording.UNSEEN_IMPORT_NOTE
     assert " ".join(summary_of(completed.stderr).split()).count(
         "tfdtape was not installed and nothing was recorded") == 1
+
+
+MAIN_FACTS = (
+    "import sys\n"
+    "print(type(__loader__).__name__, getattr(__loader__, 'path', None),\n"
+    "      type(__spec__.loader).__name__ if __spec__ else None, __spec__ and\n"
+    "      __spec__.origin, sys.argv, sys.path[0], __file__, __package__)\n")
+
+
+@pytest.mark.parametrize("form", ["./facts.py", "app", "app.zip", "-"])
+def test_every_form_of_script_runs_as_under_python(tmp_path, form):
+    (tmp_path / "facts.py").write_text(MAIN_FACTS)
+    (tmp_path / "app").mkdir()
+    (tmp_path / "app" / "__main__.py").write_text(MAIN_FACTS)
+    with zipfile.ZipFile(tmp_path / "app.zip", "w") as archive:
+        archive.writestr("__main__.py", MAIN_FACTS)
+    stdin = MAIN_FACTS if form == "-" else ""
+    plain = subprocess.run([sys.executable, form, "x"], input=stdin, cwd=tmp_path,
+                           capture_output=True, text=True, timeout=300)
+    completed = tfdtape_run("--quiet", form, "x", stdin=stdin, cwd=tmp_path)
+    assert plain.returncode == completed.returncode == 0, completed.stderr
+    assert completed.stdout == plain.stdout
+    assert f"['{form}', 'x']" in completed.stdout
+
+
+@pytest.mark.parametrize("make, message", [
+    (lambda path: path.mkdir(), "a directory without __main__.py"),
+    (lambda path: zipfile.ZipFile(path, "w").close(),
+     "a zip archive without __main__.py"),
+], ids=["directory", "zip"])
+def test_nothing_to_run_inside_is_exit_2(tmp_path, make, message):
+    make(tmp_path / "target")
+    completed = tfdtape_run(str(tmp_path / "target"))
+    assert completed.returncode == 2
+    assert completed.stderr == f"tfdtape: run: cannot run {tmp_path / 'target'}: {message}\n"

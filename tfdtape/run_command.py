@@ -1,10 +1,12 @@
 """`python -m tfdtape run [OPTIONS] SCRIPT [ARGS...]` and
 `python -m tfdtape run [OPTIONS] -m MODULE [ARGS...]`.
 
-Installs tfdtape, runs the script as `__main__` exactly as `python SCRIPT
-ARGS` would (`sys.argv`, `sys.path[0]`, `__file__`, exit status, uncaught
-exceptions with their traceback, `SystemExit` codes; stdin and stdout are
-the script's), and records what the gradient tapes did meanwhile. At exit it
+Runs the script as `__main__` exactly as `python SCRIPT ARGS` would
+(`sys.argv`, `sys.path[0]`, `__file__`, exit status, uncaught exceptions
+with their traceback, `SystemExit` codes; stdin and stdout are the
+script's; SCRIPT may be a file, a directory or zip archive with a
+`__main__.py`, or - for stdin), installs tfdtape when the script imports
+TensorFlow, and records what the gradient tapes did meanwhile. At exit it
 writes a summary on stderr and, with --json, the JSON report.
 
 Options (before SCRIPT or -m):
@@ -101,9 +103,8 @@ def parse(argv):
 def _check_target(options):
     if options.script is None and options.module is None:
         raise command_line.UsageError(f"run: no script given; {USAGE}")
-    if options.script is not None and not os.path.isfile(options.script):
-        raise command_line.UsageError(
-            f"run: cannot run {options.script}: no such file")
+    if options.script is not None and options.script != "-":
+        _check_script(options.script)
     if options.module is not None:
         import importlib.util  # pylint: disable=g-import-not-at-top
         top_level = options.module.split(".")[0]
@@ -114,6 +115,32 @@ def _check_target(options):
         if not found:
             raise command_line.UsageError(
                 f"run: no module named {options.module!r}")
+
+
+def _check_script(path):
+    """Raises UsageError unless `python PATH` would find something to run: a
+    file, or a directory or zip archive with a `__main__.py`."""
+    if os.path.isdir(path):
+        if not os.path.isfile(os.path.join(path, "__main__.py")):
+            raise command_line.UsageError(
+                f"run: cannot run {path}: a directory without __main__.py")
+    elif not os.path.isfile(path):
+        raise command_line.UsageError(f"run: cannot run {path}: no such file")
+    elif _is_zip_application(path) is False:
+        raise command_line.UsageError(
+            f"run: cannot run {path}: a zip archive without __main__.py")
+
+
+def _is_zip_application(path):
+    """None if `path` is no zip archive, else whether it has a __main__.py."""
+    import zipfile  # pylint: disable=g-import-not-at-top
+    if not zipfile.is_zipfile(path):
+        return None
+    try:
+        with zipfile.ZipFile(path) as archive:
+            return "__main__.py" in archive.namelist()
+    except (OSError, zipfile.BadZipFile):
+        return False
 
 
 def task_of_config():
@@ -229,17 +256,36 @@ def _run_target(options):
 
 
 def _run_script(path, arguments):
-    """Runs the file at `path` as `python PATH ARGUMENTS` would: `argv[0]` as
-    typed, `__file__` and the code's filename absolute (as Python 3.9+)."""
-    absolute = os.path.abspath(path)
-    with open(absolute, "rb") as source_file:
-        code = compile(source_file.read(), absolute, "exec", dont_inherit=True)
+    """Runs what `python PATH ARGUMENTS` runs: a file (`__file__` and the
+    code's filename absolute, as Python 3.9+ makes them), a directory or zip
+    archive's `__main__.py`, or, for `-`, the program on stdin."""
+    import importlib.machinery  # pylint: disable=g-import-not-at-top
     sys.argv = [path, *arguments]
-    sys.path[0] = os.path.dirname(os.path.realpath(absolute))
+    if path == "-":
+        sys.path[0] = ""
+        _exec_as_main(sys.stdin.read(), "<stdin>",
+                      importlib.machinery.BuiltinImporter)
+    elif os.path.isdir(path) or _is_zip_application(path):
+        import runpy  # pylint: disable=g-import-not-at-top
+        sys.path[0] = os.path.abspath(path)
+        runpy._run_module_as_main("__main__", alter_argv=False)  # pylint: disable=protected-access
+    else:
+        absolute = os.path.join(os.getcwd(), path)  # as Python: not normalised
+        sys.path[0] = os.path.dirname(os.path.realpath(absolute))
+        with open(absolute, "rb") as source_file:
+            source = source_file.read()
+        _exec_as_main(source, absolute,
+                      importlib.machinery.SourceFileLoader("__main__", absolute))
+
+
+def _exec_as_main(source, filename, loader):
+    """Executes `source` as a fresh `__main__` module."""
+    code = compile(source, filename, "exec", dont_inherit=True)
     main = types.ModuleType("__main__")
-    main.__file__ = absolute
+    main.__file__ = filename
     main.__builtins__ = builtins
     main.__cached__ = None
+    main.__loader__ = loader
     sys.modules["__main__"] = main
     exec(code, main.__dict__)  # pylint: disable=exec-used
 
