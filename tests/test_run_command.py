@@ -440,3 +440,21 @@ def test_nothing_to_run_inside_is_exit_2(tmp_path, make, message):
     completed = tfdtape_run(str(tmp_path / "target"))
     assert completed.returncode == 2
     assert completed.stderr == f"tfdtape: run: cannot run {tmp_path / 'target'}: {message}\n"
+
+
+@pytest.mark.parametrize("options", [[], ["--no-install"]],
+                         ids=["tfdtape", "stock observed"])
+def test_a_none_inside_a_tf_function_is_located_at_its_gradient_line(
+        tmp_path, options):
+    script = SCRIPTS / "function_nones.py"
+    lines = {line.split("# NONE: ")[1]: number for number, line in enumerate(
+        script.read_text().splitlines(), start=1) if "# NONE: " in line}
+    completed = tfdtape_run(*options, "--json", str(tmp_path / "r.json"),
+                            str(script))
+    assert completed.returncode == 0, completed.stderr
+    assert completed.stdout == "gradients: [12.0, 12.0] 2.0\n"
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert sorted((item["source"], item["context"], item["location"],
+                   item["count"]) for item in report["none_gradients"]) == [
+        ("unused:0", "no strategy", f"{script}:{lines['no strategy']}", 1),
+        ("unused:0", "replica", f"{script}:{lines['replica']}", 2)]

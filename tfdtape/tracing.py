@@ -18,14 +18,17 @@ recorded; reads of distributed variables always are.
 
 import contextlib
 import dataclasses
+import functools
 import os
 import sys
+import sysconfig
 import threading
 from typing import Optional, Tuple
 
 from tensorflow.python import pywrap_tfe
 from tensorflow.python.framework import ops
 from tensorflow.python.framework import tensor_util
+from tensorflow.python.util import tf_stack
 
 from tfdtape import compat
 from tfdtape import errors
@@ -232,16 +235,37 @@ def record_gradient(event):
 
 def caller_location(frame):
     """'file:line' of the innermost frame from `frame` outwards that is user
-    code: not in TensorFlow's, Keras's or tfdtape's package folders, nor in
-    AutoGraph's generated files."""
+    code, or '?' if there is none.
+
+    Frames in TensorFlow's, Keras's and tfdtape's package folders and in the
+    standard library (a replica thread's `threading` frames) are not user
+    code. A frame in AutoGraph's generated code stands for the line of the
+    user's function it was converted from (TensorFlow's source map for the
+    conversion running in this thread); one the map does not cover is
+    passed over.
+    """
     libraries = _library_folders()
+    source_map = None
     while frame is not None:
         filename = frame.f_code.co_filename
-        if (not filename.startswith(libraries) and
-                "__autograph_generated" not in filename):
+        if "__autograph_generated" in filename:
+            if source_map is None:
+                source_map = _autograph_source_map()
+            origin = source_map.get((filename, frame.f_lineno))
+            if origin is not None and _is_user_file(origin[0], libraries):
+                return f"{origin[0]}:{origin[1]}"
+        elif _is_user_file(filename, libraries):
             return f"{filename}:{frame.f_lineno}"
         frame = frame.f_back
     return "?"
+
+
+def _is_user_file(filename, libraries):
+    if filename.startswith(libraries) or filename.startswith("<frozen "):
+        return False
+    return not (filename.startswith(_standard_library_folders()) and
+                "site-packages" not in filename and
+                "dist-packages" not in filename)
 
 
 def _library_folders():
@@ -253,6 +277,19 @@ def _library_folders():
         if path:
             folders.append(os.path.dirname(path) + os.sep)
     return tuple(folders)
+
+
+@functools.lru_cache(maxsize=None)
+def _standard_library_folders():
+    paths = sysconfig.get_paths()
+    return tuple({os.path.join(paths[key], "") for key in ("stdlib", "platstdlib")})
+
+
+def _autograph_source_map():
+    """{(generated file, line): (file, line, function)} of the AutoGraph
+    conversions running in this thread, innermost first; {} outside one."""
+    stack = tf_stack._source_mapper_stacks.get(tf_stack._get_thread_key())  # pylint: disable=protected-access
+    return stack[-1].get_effective_source_map() if stack else {}
 
 
 def _replica_index(replica_context):
