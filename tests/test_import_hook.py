@@ -163,3 +163,32 @@ def test_threads_importing_together_get_one_call(packages):
     for thread in threads:
         thread.join()
     assert calls == [True] and seen == [(True, 1)] * 4
+
+
+@pytest.mark.parametrize("ahead", [True, False], ids=["ahead", "behind"])
+def test_a_finder_that_asks_every_finder_does_not_loop(packages, ahead):
+    packages({"fakepkg/__init__.py": "READY = True\n"})
+
+    class AskEveryone:
+        def find_spec(self, name, path=None, target=None):
+            for finder in sys.meta_path:
+                if finder is not self and hasattr(finder, "find_spec"):
+                    spec = finder.find_spec(name, path, target)
+                    if spec is not None:
+                        return spec
+            return None
+
+    asker = AskEveryone()
+    sys.meta_path.insert(0, asker)
+    calls = []
+    hook = import_hook.AfterImport("fakepkg", seen_by(calls, "fakepkg", "READY"),
+                                   defer_prefix="fakehelper.")
+    hook.start()
+    if ahead:  # start() put the hook first: move the asker ahead of it
+        sys.meta_path.remove(asker)
+        sys.meta_path.insert(0, asker)
+    try:
+        importlib.import_module("fakepkg")
+    finally:
+        sys.meta_path.remove(asker)
+    assert calls == [True]

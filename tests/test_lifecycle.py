@@ -259,7 +259,7 @@ def test_a_failing_replacement_rolls_back(uninstalled, monkeypatch):
 
 
 def test_install_logs_what_it_patched_once(uninstalled, caplog):
-    with caplog.at_level(logging.INFO, logger="absl"):
+    with caplog.at_level(logging.INFO, logger="tfdtape"):
         tfdtape.install()
         tfdtape.install()
     lines = [r.getMessage() for r in caplog.records if "tfdtape" in r.getMessage()]
@@ -267,6 +267,14 @@ def test_install_logs_what_it_patched_once(uninstalled, caplog):
     assert lines[0].startswith(f"tfdtape: installed into TensorFlow {tf.__version__}")
     assert "tensorflow.python.eager.tape.variable_accessed" in lines[0]
     assert "tensorflow.python.eager.backprop.GradientTape.gradient" in lines[0]
+
+
+def test_installing_adds_no_logging_handler():
+    code, out, err = run_python(
+        "import logging\nimport tfdtape\nassert tfdtape.is_installed()\n"
+        "print(logging.getLogger().handlers, logging.getLogger('tfdtape').handlers)")
+    assert code == 0, err
+    assert out == "[] []"
 
 
 def run_python(code, **environment):

@@ -6,7 +6,6 @@ import os
 import tracemalloc
 import weakref
 
-import pytest
 import tensorflow as tf
 
 import tfdtape
@@ -114,21 +113,3 @@ def test_memory_does_not_grow_with_steps():
 
 def test_an_empty_recording_is_the_reports_empty_snapshot():
     assert recorder_lib.Recorder().snapshot() == run_report.EMPTY_SNAPSHOT
-
-
-def test_the_report_needs_a_reason_exactly_when_incomplete():
-    empty = run_report.EMPTY_SNAPSHOT
-    report = run_report.build(empty, ["s.py"], 0, installed=True, task=None)
-    assert report["tensorflow"] == tf.__version__
-    assert list(report)[7:9] == ["complete", "incomplete_reason"]
-    assert report["complete"] is True and report["incomplete_reason"] is None
-    incomplete = dict(empty, complete=False)
-    with pytest.raises(ValueError, match="needs its reason"):
-        run_report.build(incomplete, ["s.py"], 0, installed=True, task=None)
-    with pytest.raises(ValueError, match="needs its reason"):
-        run_report.build(empty, ["s.py"], 0, installed=True, task=None,
-                         incomplete_reason="why")
-    report = run_report.build(incomplete, ["s.py"], 0, installed=True,
-                              task=None, incomplete_reason="why not")
-    assert report["incomplete_reason"] == "why not"
-    assert "\nwhy not\n" in run_report.summary(report)

@@ -226,8 +226,34 @@ def test_another_librarys_patch_is_one_line_and_exit_2(tmp_path):
     ("import threading, time\n"
      "def late():\n    time.sleep(0.5)\n    print('thread done', flush=True)\n"
      "threading.Thread(target=late).start()\n", 0, "thread done\n"),
+    ("print(__annotations__)\n", 0, "{{}}\n"),
+    ("import sys\nsys.exit(2 ** 100)\n", 255, ""),
+    ("from concurrent.futures import ThreadPoolExecutor\n"
+     "pool = ThreadPoolExecutor(max_workers=2)\n"
+     "print(pool.submit(pow, 2, 10).result())\n", 0, "1024\n"),
+    ("import sys\nsys.stdout = None\n", 0, ""),
+    ("import sys\nsys.stderr = None\n", 0, ""),
+    ("import sys\nsys.stderr.close()\n", 0, ""),
+    ("import os, tempfile\nos.chdir(tempfile.mkdtemp())\nos.rmdir(os.getcwd())\n",
+     0, ""),
+    ("import sys\n"
+     "class AskEveryone:\n"
+     "    def find_spec(self, name, path=None, target=None):\n"
+     "        for finder in sys.meta_path:\n"
+     "            if finder is not self and hasattr(finder, 'find_spec'):\n"
+     "                spec = finder.find_spec(name, path, target)\n"
+     "                if spec is not None:\n"
+     "                    return spec\n"
+     "sys.meta_path.insert(0, AskEveryone())\n"
+     "import tensorflow as tf\n"
+     "from tensorflow.python.eager import tape\n"
+     "print(tape.watch_variable.__module__.split('.')[0] in ('tensorflow', "
+     "'tfdtape'))\n", 0, "True\n"),
 ], ids=["__file__ absolute", "excepthook", "exit -1", "exit True",
-        "non-daemon thread"])
+        "non-daemon thread", "__annotations__", "exit beyond a C long",
+        "thread pool left open", "stdout None", "stderr None",
+        "stderr closed", "working directory removed",
+        "a finder that asks every finder"])
 def test_the_script_runs_as_under_python(tmp_path, body, status, stdout):
     script = tmp_path / "script.py"
     script.write_text(body)
@@ -411,10 +437,12 @@ MAIN_FACTS = (
     "import sys\n"
     "print(type(__loader__).__name__, getattr(__loader__, 'path', None),\n"
     "      type(__spec__.loader).__name__ if __spec__ else None, __spec__ and\n"
-    "      __spec__.origin, sys.argv, sys.path[0], __file__, __package__)\n")
+    "      __spec__.origin, sys.argv, sys.path[0], __file__, __package__,\n"
+    "      __annotations__, sorted(globals()))\n")
 
 
-@pytest.mark.parametrize("form", ["./facts.py", "app", "app.zip", "-"])
+@pytest.mark.parametrize("form", ["./facts.py", "app", "app.zip", "-",
+                                  "-m facts"])
 def test_every_form_of_script_runs_as_under_python(tmp_path, form):
     (tmp_path / "facts.py").write_text(MAIN_FACTS)
     (tmp_path / "app").mkdir()
@@ -422,12 +450,16 @@ def test_every_form_of_script_runs_as_under_python(tmp_path, form):
     with zipfile.ZipFile(tmp_path / "app.zip", "w") as archive:
         archive.writestr("__main__.py", MAIN_FACTS)
     stdin = MAIN_FACTS if form == "-" else ""
-    plain = subprocess.run([sys.executable, form, "x"], input=stdin, cwd=tmp_path,
-                           capture_output=True, text=True, timeout=300)
-    completed = tfdtape_run("--quiet", form, "x", stdin=stdin, cwd=tmp_path)
+    plain = subprocess.run([sys.executable, *form.split(), "x"], input=stdin,
+                           cwd=tmp_path, capture_output=True, text=True,
+                           timeout=300)
+    completed = tfdtape_run("--quiet", *form.split(), "x", stdin=stdin,
+                            cwd=tmp_path)
     assert plain.returncode == completed.returncode == 0, completed.stderr
     assert completed.stdout == plain.stdout
-    assert f"['{form}', 'x']" in completed.stdout
+    assert "{} ['__annotations__', '__builtins__', '__cached__', '__doc__', " \
+        "'__file__', '__loader__', '__name__', '__package__', '__spec__', " \
+        "'sys']" in completed.stdout
 
 
 @pytest.mark.parametrize("make, message", [
@@ -452,9 +484,162 @@ def test_a_none_inside_a_tf_function_is_located_at_its_gradient_line(
     completed = tfdtape_run(*options, "--json", str(tmp_path / "r.json"),
                             str(script))
     assert completed.returncode == 0, completed.stderr
-    assert completed.stdout == "gradients: [12.0, 12.0] 2.0\n"
+    assert completed.stdout == ("gradients: [12.0, 12.0] 2.0 3.0 [5.0, 5.0]\n"
+                                "to_graph: 7.0\n")
     report = json.loads((tmp_path / "r.json").read_text())
     assert sorted((item["source"], item["context"], item["location"],
-                   item["count"]) for item in report["none_gradients"]) == [
+                   item["count"]) for item in report["none_gradients"]) == sorted([
         ("unused:0", "no strategy", f"{script}:{lines['no strategy']}", 1),
-        ("unused:0", "replica", f"{script}:{lines['replica']}", 2)]
+        ("unused:0", "no strategy", f"{script}:{lines['multiline']}", 1),
+        ("unused:0", "replica", f"{script}:{lines['replica']}", 2),
+        ("unused:0", "replica", f"{script}:{lines['nested replica']}", 2),
+        ("plain_unused:0", "no strategy", "?", 1)])
+
+
+@pytest.mark.parametrize("program", [
+    "# -*- coding: latin-1 -*-\nprint('caf\xe9')\n".encode("latin-1"),
+    b"\xef\xbb\xbfprint('with a byte order mark')\n",
+], ids=["coding cookie", "byte order mark"])
+def test_a_program_on_stdin_keeps_its_encoding(tmp_path, program):
+    (tmp_path / "program.py").write_bytes(program)
+    outputs = []
+    for runner in ([sys.executable], [sys.executable, "-m", "tfdtape", "run",
+                                      "--quiet"]):
+        with open(tmp_path / "program.py", "rb") as stdin:  # as `< program.py`
+            completed = subprocess.run(runner + ["-"], stdin=stdin,
+                                       capture_output=True, timeout=120)
+        assert completed.returncode == 0, completed.stderr
+        outputs.append(completed.stdout)
+    assert outputs[0] == outputs[1] and outputs[0].strip()
+
+
+def test_the_scripts_logging_configuration_is_its_own(tmp_path):
+    script = tmp_path / "logs.py"
+    script.write_text(
+        "import logging\n"
+        "import tensorflow as tf\n"
+        "import tfdtape\n"
+        "print(len(logging.getLogger().handlers), flush=True)\n"
+        "logging.basicConfig(level=logging.INFO, format='MINE %(levelname)s "
+        "%(message)s')\n"
+        "logging.info('epoch 1 done')\n"
+        "tf.get_logger().warning('from tensorflow')\n")
+    stderrs = []
+    for runner in ([sys.executable], [sys.executable, "-m", "tfdtape", "run",
+                                      "--quiet"]):
+        completed = subprocess.run(runner + [str(script)], capture_output=True,
+                                   text=True, timeout=300,
+                                   env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
+        assert completed.returncode == 0, completed.stderr
+        assert completed.stdout == "0\n"
+        stderrs.append([line for line in completed.stderr.splitlines()
+                        if "epoch" in line or "from tensorflow" in line])
+    assert stderrs[0] == stderrs[1] == [
+        "MINE INFO epoch 1 done", "WARNING:tensorflow:from tensorflow",
+        "MINE WARNING from tensorflow"]
+
+
+def test_pytest_under_run_does_not_warn_that_tfdtape_was_imported(tmp_path):
+    (tmp_path / "test_small.py").write_text("def test_one():\n    assert 1 == 1\n")
+    completed = tfdtape_run(
+        "--quiet", "-m", "pytest", "-q", "-p", "no:cacheprovider",
+        "-W", "error::pytest.PytestAssertRewriteWarning", "test_small.py",
+        cwd=tmp_path)
+    assert completed.returncode == 0, completed.stdout + completed.stderr
+    assert "1 passed" in completed.stdout
+    assert "already imported" not in completed.stdout + completed.stderr
+
+
+def test_a_forked_child_does_not_report(tmp_path):
+    script = tmp_path / "forks.py"
+    script.write_text("import os\n"
+                      "pid = os.fork()\n"
+                      "print('child' if pid == 0 else 'parent', flush=True)\n"
+                      "if pid:\n    os.waitpid(pid, 0)\n")
+    completed = tfdtape_run("--json", str(tmp_path / "r.json"), str(script))
+    assert completed.returncode == 0, completed.stderr
+    assert sorted(completed.stdout.split()) == ["child", "parent"]
+    assert completed.stderr.count("tfdtape run: ") == 1
+
+
+def test_a_refused_install_in_a_thread_stops_the_run(tmp_path):
+    script = tmp_path / "threaded.py"
+    script.write_text("import threading\n"
+                      "thread = threading.Thread(target=__import__, "
+                      "args=('tensorflow',))\n"
+                      "thread.start()\nthread.join()\n"
+                      "print('carried on')\n")
+    completed = tfdtape_run("--json", str(tmp_path / "r.json"), str(script),
+                            env=fake_tensorflow(tmp_path, "__version__ = '2.11.0'\n"))
+    assert completed.returncode == 2
+    assert completed.stdout == ""
+    assert completed.stderr == ("tfdtape: TensorFlow 2.11.0 is not supported: "
+                                "expected a release in >=2.12,<2.22\n")
+    assert not (tmp_path / "r.json").exists()
+
+
+def test_summary_paths_are_relative_to_where_the_run_started(tmp_path):
+    script = tmp_path / "wanders.py"
+    script.write_text("import os\n"
+                      "import tensorflow as tf\n"
+                      "v = tf.Variable(1.0, name='v')\n"
+                      "unused = tf.Variable(1.0, name='unused')\n"
+                      "os.chdir('/')\n"
+                      "with tf.GradientTape() as tape:\n"
+                      "    y = v * 2.0\n"
+                      "tape.gradient(y, [v, unused])\n")
+    completed = tfdtape_run("wanders.py", cwd=tmp_path)
+    assert completed.returncode == 0, completed.stderr
+    assert "      at wanders.py:8\n" in summary_of(completed.stderr)
+
+
+def test_a_stand_in_for_tensorflow_is_not_tensorflow(tmp_path):
+    script = tmp_path / "mocked.py"
+    script.write_text("import sys, types\n"
+                      "sys.modules['tensorflow'] = types.ModuleType('tensorflow')\n")
+    completed = tfdtape_run("--json", str(tmp_path / "r.json"), str(script))
+    assert completed.returncode == 0, completed.stderr
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert report["tensorflow"] is None and report["complete"] is True
+    assert "did not see" not in completed.stderr
+
+
+def test_tfdtape_asked_for_inside_a_no_install_run_says_why_not(tmp_path):
+    script = tmp_path / "asks.py"
+    script.write_text("import tensorflow as tf\n"
+                      "import tfdtape\n"
+                      "for ask in (tfdtape.install, tfdtape.trace().__enter__):\n"
+                      "    try:\n"
+                      "        ask()\n"
+                      "    except (RuntimeError, tfdtape.PatchConflictError) as error:\n"
+                      "        print(type(error).__name__, str(error)[:60])\n"
+                      "        print(str(error).endswith('run without --no-install "
+                      "to have tfdtape installed.'))\n")
+    completed = tfdtape_run("--quiet", "--no-install", str(script))
+    assert completed.returncode == 0, completed.stderr
+    assert completed.stdout.splitlines() == [
+        "PatchConflictError tfdtape: cannot install: TensorFlow's functions are "
+        "observed", "True",
+        "RuntimeError tfdtape: cannot open a trace: tfdtape is not installed ("
+        "tfdt", "True"]
+
+
+def test_a_none_is_not_counted_as_a_total_derivative(tmp_path):
+    script = tmp_path / "cross.py"
+    script.write_text("import tensorflow as tf\n"
+                      "from tfdtape import testing\n"
+                      "strategy = testing.mirrored_strategy(2)\n"
+                      "with strategy.scope():\n"
+                      "    w = tf.Variable(3.0, name='w')\n"
+                      "    unused = tf.Variable(1.0, name='unused')\n"
+                      "    with tf.GradientTape() as tape:\n"
+                      "        loss = w * 2.0\n"
+                      "    print(tape.gradient(loss, [w, unused]))\n")
+    completed = tfdtape_run("--quiet", "--json", str(tmp_path / "r.json"),
+                            str(script))
+    assert completed.returncode == 0, completed.stderr
+    assert completed.stdout.endswith(", None]\n")
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert [item["source"] for item in report["none_gradients"]] == ["unused:0"]
+    assert [(item["source"], item["components"])
+            for item in report["total_derivatives"]] == [("w:0", 2)]

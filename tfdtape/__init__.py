@@ -11,6 +11,10 @@ context. Set TFDTAPE_AUTOINSTALL=0 before the import to install by hand.
 `python -m tfdtape` (the command line) does not install on import: its
 commands manage the patch themselves, and report a missing TensorFlow in one
 line instead of a traceback.
+
+PYTEST_DONT_REWRITE: under `python -m tfdtape run -m pytest` tfdtape is
+imported before pytest starts, and this marker tells pytest's assertion
+rewriting to leave it alone rather than warn that it was imported already.
 """
 
 import importlib

@@ -134,7 +134,8 @@ def make_gradient(original_gradient):
 def _differentiate(original_gradient, tape, target, sources, output_gradients,
                    unconnected_gradients):
     """(gradients, totals): what `gradient` returns, and (source, number of
-    components) for each source that got a cross-replica total derivative."""
+    components) for each distributed source whose cross-replica total
+    derivative was summed (not those that came back None)."""
     flat_sources = nest.flatten(sources)
     if not (any(map(_is_distributed_source, flat_sources)) and
             values_util.get_current_replica_id_as_int() is None):
@@ -149,9 +150,10 @@ def _differentiate(original_gradient, tape, target, sources, output_gradients,
         tape, target, components, output_gradients=output_gradients,
         unconnected_gradients=unconnected_gradients)
     totals = [_total(flat_gradients[start:stop]) for start, stop in spans]
-    summed = tuple((source, stop - start) for source, variable, (start, stop)
-                   in zip(flat_sources, flat_variables, spans)
-                   if resolution.is_distributed_variable(variable))
+    summed = tuple((source, stop - start) for source, variable, (start, stop), total
+                   in zip(flat_sources, flat_variables, spans, totals)
+                   if resolution.is_distributed_variable(variable) and
+                   total is not None)
     return nest.pack_sequence_as(sources, totals), summed
 
 

@@ -41,6 +41,7 @@ class AfterImport(importlib.abc.MetaPathFinder):
         self._imported = False      # the package's __init__ has finished
         self._deferring = 0         # deferring imports in progress
         self._done = False          # called back, or stopped
+        self._asking = threading.local()  # names this thread is looking up
         self.called = False
         """Whether the callback has been made (or started)."""
 
@@ -60,21 +61,34 @@ class AfterImport(importlib.abc.MetaPathFinder):
             self._leave_meta_path()
 
     def find_spec(self, fullname, path, target=None):
-        """The spec the next finders give, with a loader that reports back."""
+        """The spec the finders after this one give, with a loader that
+        reports back. A finder that asks every finder (this one included)
+        gets None from this one while it is being asked."""
         is_package = fullname == self._package
         if not is_package and not fullname.startswith(self._defer_prefix):
             return None
-        for finder in sys.meta_path:
-            if finder is self or not hasattr(finder, "find_spec"):
-                continue
-            spec = finder.find_spec(fullname, path, target)
-            if spec is not None:
-                break
-        else:
+        asking = self._asking.__dict__.setdefault("names", set())
+        if fullname in asking:
             return None
-        if hasattr(spec.loader, "exec_module") and not self._done:
+        asking.add(fullname)
+        try:
+            spec = self._spec_after_this(fullname, path, target)
+        finally:
+            asking.discard(fullname)
+        if spec is not None and hasattr(spec.loader, "exec_module") and not self._done:
             spec.loader = _ReportingLoader(spec.loader, self, is_package)
         return spec
+
+    def _spec_after_this(self, fullname, path, target):
+        finders = list(sys.meta_path)
+        later = finders[finders.index(self) + 1:] if self in finders else finders
+        for finder in later:
+            find_spec = getattr(finder, "find_spec", None)
+            if find_spec is not None:
+                spec = find_spec(fullname, path, target)
+                if spec is not None:
+                    return spec
+        return None
 
     def _exec_starts(self, is_package):
         if not is_package:

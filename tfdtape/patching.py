@@ -13,11 +13,11 @@ blocks do not exist.
 """
 
 import contextlib
+import logging
 import os
+import sys
 import threading
 import types
-
-from absl import logging
 
 from tfdtape import errors
 from tfdtape import targets
@@ -168,10 +168,19 @@ def _install_locked():
         for target, original in reversed(done):
             setattr(target.owner, target.attribute, original)
         raise
-    logging.info("tfdtape: installed into TensorFlow %s, replacing %s",
-                 errors.tensorflow_version(),
-                 ", ".join(target.symbol for target, _ in pending))
+    # The stdlib's logger, not absl's: absl's adds a handler to the root
+    # logger, which would make the program's own logging.basicConfig() a no-op.
+    logging.getLogger("tfdtape").info(
+        "tfdtape: installed into TensorFlow %s, replacing %s",
+        errors.tensorflow_version(),
+        ", ".join(target.symbol for target, _ in pending))
     return True
+
+
+def _stock_observed():
+    """True inside a `python -m tfdtape run --no-install` run."""
+    observers = sys.modules.get("tfdtape.observers")
+    return observers is not None and observers.observing()
 
 
 def _plan():
@@ -191,6 +200,13 @@ def _plan():
         return held, []
     _check_tensorflow()
     foreign = [target for target, holder in survey if holder == targets.FOREIGN]
+    if foreign and not held and _stock_observed():
+        from tfdtape import observers  # pylint: disable=g-import-not-at-top
+        raise errors.PatchConflictError(errors.message(
+            "cannot install: TensorFlow's functions are observed as stock",
+            ", ".join(target.symbol for target in foreign),
+            "TensorFlow's own function", "tfdtape's stock observers",
+            observers.NO_INSTALL_REMEDY))
     if foreign and not held:
         raise errors.PatchConflictError(errors.message(
             "cannot install: another patch holds a function tfdtape replaces",

@@ -18,15 +18,14 @@ Options (before SCRIPT or -m):
   --no-install              leave TensorFlow stock and record what it does
 """
 
-import builtins
 import json
 import os
 import sys
-import types
 
 from tfdtape import command_line
 from tfdtape import run_recording
 from tfdtape import run_report
+from tfdtape import script_runner
 
 USAGE = ("usage: python -m tfdtape run [--json PATH] [--fail-on-none-gradient] "
          "[--quiet] [--no-install] (SCRIPT | -m MODULE) [ARGS...]")
@@ -103,8 +102,11 @@ def parse(argv):
 def _check_target(options):
     if options.script is None and options.module is None:
         raise command_line.UsageError(f"run: no script given; {USAGE}")
-    if options.script is not None and options.script != "-":
-        _check_script(options.script)
+    if options.script is not None:
+        try:
+            script_runner.check_script(options.script)
+        except script_runner.NothingToRun as error:
+            raise command_line.UsageError(f"run: {error}") from None
     if options.module is not None:
         import importlib.util  # pylint: disable=g-import-not-at-top
         top_level = options.module.split(".")[0]
@@ -115,32 +117,6 @@ def _check_target(options):
         if not found:
             raise command_line.UsageError(
                 f"run: no module named {options.module!r}")
-
-
-def _check_script(path):
-    """Raises UsageError unless `python PATH` would find something to run: a
-    file, or a directory or zip archive with a `__main__.py`."""
-    if os.path.isdir(path):
-        if not os.path.isfile(os.path.join(path, "__main__.py")):
-            raise command_line.UsageError(
-                f"run: cannot run {path}: a directory without __main__.py")
-    elif not os.path.isfile(path):
-        raise command_line.UsageError(f"run: cannot run {path}: no such file")
-    elif _is_zip_application(path) is False:
-        raise command_line.UsageError(
-            f"run: cannot run {path}: a zip archive without __main__.py")
-
-
-def _is_zip_application(path):
-    """None if `path` is no zip archive, else whether it has a __main__.py."""
-    import zipfile  # pylint: disable=g-import-not-at-top
-    if not zipfile.is_zipfile(path):
-        return None
-    try:
-        with zipfile.ZipFile(path) as archive:
-            return "__main__.py" in archive.namelist()
-    except (OSError, zipfile.BadZipFile):
-        return False
 
 
 def task_of_config():
@@ -167,19 +143,19 @@ def run(argv):
         command_line.check_output_path(_json_path(options.json), "--json")
     command_line.check_tensorflow_installed()
     working_directory = os.getcwd()  # the script may chdir
+    process = os.getpid()  # a child the script forks does not report
     if options.no_install:  # the script's `import tfdtape` installs nothing
         os.environ["TFDTAPE_AUTOINSTALL"] = "0"
     recording = run_recording.RunRecording(observe_stock=options.no_install)
     try:
         recording.start()
-        status, interrupted = _run_target(options)
-        _join_other_threads()  # as Python waits for them before exiting
-    except run_recording.InstallRefused:
-        status, interrupted = command_line.EXIT_UNUSABLE, False
+        status, interrupted = script_runner.run_as_main(
+            options.script, options.module, options.arguments)
+        script_runner.finish_threads()
     finally:
         recording.stop()
-    if recording.refusal is not None:
-        raise command_line.UsageError(recording.refusal)
+    if os.getpid() != process:
+        return status
     snapshot, incomplete_reason = recording.snapshot()
     command = ([options.script] if options.script else ["-m", options.module])
     report = run_report.build(
@@ -188,7 +164,8 @@ def run(argv):
         incomplete_reason=incomplete_reason)
     _flush(sys.stdout)
     if not options.quiet:
-        print(run_report.summary(report), file=sys.stderr)
+        _write_line(run_report.summary(report, relative_to=working_directory),
+                    sys.stderr)
     if options.json is not None:  # the script may have set TF_CONFIG
         run_report.write_json(
             os.path.join(working_directory, _json_path(options.json)), report)
@@ -205,21 +182,21 @@ def _json_path(pattern):
 
 
 def _flush(stream):
-    """Flushes `stream` unless the script closed it."""
+    """Flushes `stream` unless the script closed or removed it."""
     try:
         stream.flush()
-    except (ValueError, OSError):
+    except (AttributeError, ValueError, OSError):
         pass
 
 
-def _join_other_threads():
-    """Waits for the script's non-daemon threads, as Python does at exit,
-    so that what they record is in the report."""
-    import threading  # pylint: disable=g-import-not-at-top
-    current = threading.current_thread()
-    for thread in threading.enumerate():
-        if thread is not current and not thread.daemon and thread.is_alive():
-            thread.join()
+def _write_line(text, stream):
+    """Writes `text` and a newline to `stream`, unless the script closed or
+    removed it (as Python's own messages at exit are lost then)."""
+    try:
+        stream.write(text + "\n")
+        stream.flush()
+    except (AttributeError, ValueError, OSError):
+        pass
 
 
 def _die_of_sigint():
@@ -229,91 +206,3 @@ def _die_of_sigint():
     _flush(sys.stderr)
     signal.signal(signal.SIGINT, signal.SIG_DFL)
     os.kill(os.getpid(), signal.SIGINT)
-
-
-def _run_target(options):
-    """Runs the script or module as __main__.
-
-    Returns:
-        (exit status, whether a KeyboardInterrupt ended it). An uncaught
-        exception goes to `sys.excepthook`, as Python would hand it, with
-        tfdtape's own frames left out.
-    """
-    try:
-        if options.script is not None:
-            _run_script(options.script, options.arguments)
-        else:
-            _run_module(options.module, options.arguments)
-    except SystemExit as exit_request:
-        return _exit_status(exit_request.code), False
-    except run_recording.InstallRefused:
-        raise
-    except BaseException as error:  # pylint: disable=broad-except
-        trace = _user_traceback(error.__traceback__)
-        sys.excepthook(type(error), error.with_traceback(trace), trace)
-        return 1, isinstance(error, KeyboardInterrupt)
-    return 0, False
-
-
-def _run_script(path, arguments):
-    """Runs what `python PATH ARGUMENTS` runs: a file (`__file__` and the
-    code's filename absolute, as Python 3.9+ makes them), a directory or zip
-    archive's `__main__.py`, or, for `-`, the program on stdin."""
-    import importlib.machinery  # pylint: disable=g-import-not-at-top
-    sys.argv = [path, *arguments]
-    if path == "-":
-        sys.path[0] = ""
-        _exec_as_main(sys.stdin.read(), "<stdin>",
-                      importlib.machinery.BuiltinImporter)
-    elif os.path.isdir(path) or _is_zip_application(path):
-        import runpy  # pylint: disable=g-import-not-at-top
-        sys.path[0] = os.path.abspath(path)
-        runpy._run_module_as_main("__main__", alter_argv=False)  # pylint: disable=protected-access
-    else:
-        absolute = os.path.join(os.getcwd(), path)  # as Python: not normalised
-        sys.path[0] = os.path.dirname(os.path.realpath(absolute))
-        with open(absolute, "rb") as source_file:
-            source = source_file.read()
-        _exec_as_main(source, absolute,
-                      importlib.machinery.SourceFileLoader("__main__", absolute))
-
-
-def _exec_as_main(source, filename, loader):
-    """Executes `source` as a fresh `__main__` module."""
-    code = compile(source, filename, "exec", dont_inherit=True)
-    main = types.ModuleType("__main__")
-    main.__file__ = filename
-    main.__builtins__ = builtins
-    main.__cached__ = None
-    main.__loader__ = loader
-    sys.modules["__main__"] = main
-    exec(code, main.__dict__)  # pylint: disable=exec-used
-
-
-def _run_module(name, arguments):
-    """Runs module `name` as `python -m NAME ARGUMENTS` would."""
-    import runpy  # pylint: disable=g-import-not-at-top
-    sys.argv = [name, *arguments]  # runpy puts the module's path first
-    sys.path[0] = os.getcwd()
-    runpy._run_module_as_main(name, alter_argv=True)  # pylint: disable=protected-access
-
-
-def _exit_status(code):
-    """The process exit status Python gives for `SystemExit(code)`: None is
-    0, an int (a bool included) is taken modulo 256, anything else is
-    printed and gives 1."""
-    if code is None:
-        return 0
-    if isinstance(code, int):
-        return int(code) & 0xFF
-    print(code, file=sys.stderr)
-    return 1
-
-
-def _user_traceback(trace):
-    """The traceback from the script's first frame on (tfdtape's own frames
-    dropped), as Python would print it."""
-    here = os.path.dirname(os.path.abspath(__file__)) + os.sep
-    while trace is not None and trace.tb_frame.f_code.co_filename.startswith(here):
-        trace = trace.tb_next
-    return trace

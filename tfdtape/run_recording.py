@@ -7,9 +7,12 @@ watches for the script's first `import tensorflow` (`tfdtape.import_hook`)
 and does its work right after TensorFlow's `__init__` has run, before that
 import statement returns. If TensorFlow was imported before the run began
 (by a `sitecustomize`, say), the work happens at once, before the script.
+If tfdtape cannot go into that TensorFlow (an unsupported release, another
+library's patch), the run ends there: one line on stderr, exit status 2.
 """
 
 import contextlib
+import os
 import sys
 
 from tfdtape import command_line
@@ -23,13 +26,6 @@ UNSEEN_IMPORT_NOTE = (
 """Why a run in which TensorFlow was imported recorded nothing."""
 
 
-class InstallRefused(BaseException):
-    """tfdtape cannot go into the TensorFlow the script imported (an
-    unsupported release, another library's patch): the run stops with one
-    line and exit 2. A BaseException, so that a script's `except Exception`
-    around its import does not carry on without tfdtape."""
-
-
 class RunRecording:
     """Installs tfdtape (or observes stock TensorFlow) when the script
     imports TensorFlow, and records from then on."""
@@ -41,17 +37,10 @@ class RunRecording:
         self._cleanup = contextlib.ExitStack()
         self.recorder = None
         """The recorder, once TensorFlow has been imported."""
-        self.refusal = None
-        """Why tfdtape could not go into TensorFlow (one line), or None."""
 
     def start(self):
         """Starts watching for TensorFlow; if it is already imported, installs
-        at once.
-
-        Raises:
-            InstallRefused: TensorFlow is already imported and tfdtape cannot
-                go into it.
-        """
+        at once."""
         self._hook.start()
 
     def stop(self):
@@ -69,7 +58,8 @@ class RunRecording:
             from tfdtape import tracing  # pylint: disable=g-import-not-at-top
             return snapshot, tracing.INCOMPLETE_NOTE
         from tfdtape import run_report  # pylint: disable=g-import-not-at-top
-        imported = "tensorflow" in sys.modules
+        version = getattr(sys.modules.get("tensorflow"), "__version__", None)
+        imported = isinstance(version, str)  # not a stand-in the script made
         return (dict(run_report.EMPTY_SNAPSHOT, complete=not imported),
                 UNSEEN_IMPORT_NOTE if imported else None)
 
@@ -78,8 +68,7 @@ class RunRecording:
             command_line.check_release(sys.modules["tensorflow"])
             self._put_in()
         except command_line.UsageError as error:
-            self.refusal = str(error)
-            raise InstallRefused(self.refusal) from None
+            _stop_the_run(f"tfdtape: {error}")
         # pylint: disable=g-import-not-at-top
         from tfdtape import recorder as recorder_lib
         from tfdtape import tracing
@@ -102,3 +91,16 @@ class RunRecording:
                 errors.PatchConflictError) as error:
             raise command_line.UsageError(
                 str(error).removeprefix("tfdtape: ")) from None
+
+
+def _stop_the_run(line):
+    """Ends the process with `line` on stderr and exit status 2: tfdtape
+    cannot go into this TensorFlow, so nothing the run reports would hold.
+    Whichever thread imported TensorFlow, the whole run stops there."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (AttributeError, ValueError, OSError):
+            pass
+    os.write(2, (line + "\n").encode())
+    os._exit(command_line.EXIT_UNUSABLE)

@@ -57,16 +57,24 @@ def write_json(path, report):
         output.write("\n")
 
 
-def summary(report):
-    """The summary for people: one block per question, within WIDTH columns."""
-    command = " ".join([_relative(report["command"][0])] + report["command"][1:])
+def summary(report, relative_to=None):
+    """The summary for people: one block per question, within WIDTH columns.
+
+    Paths inside `relative_to` (by default the working directory) are shown
+    relative to it.
+    """
+    def relative(path):
+        return _relative(path, relative_to)
+
+    command = " ".join(_printable(argument) for argument in
+                       [relative(report["command"][0]), *report["command"][1:]])
     ending = f" exited with status {report['exit_status']}"
     room = WIDTH - len("tfdtape run: ") - len(ending)
     if len(command) > room:
         command = "..." + command[len(command) - room + 3:]
     lines = [f"tfdtape run: {command}{ending}", _versions_line(report)]
     if report["task"]:
-        lines.append(f"task: {report['task']}")
+        lines.append(_shorten(f"task: {_printable(report['task'])}"))
     if not report["complete"]:
         lines += textwrap.wrap(report["incomplete_reason"], WIDTH)
     lines += ["", "What the tapes watched:"]
@@ -76,7 +84,7 @@ def summary(report):
         lines.append(_shorten(
             f"  {item['source']}: {item['reason']} ({item['context']}), "
             f"{_times(item['count'])}"))
-        lines.append(_shorten_left(f"      at {_relative(item['location'])}"))
+        lines.append(_shorten_left(f"      at {relative(item['location'])}"))
         lines += textwrap.wrap(item["message"], WIDTH, initial_indent="      ",
                                subsequent_indent="      ")
     lines += ["", "Cross-replica total derivatives (sum over components): "
@@ -85,7 +93,7 @@ def summary(report):
         lines.append(_shorten(
             f"  {item['source']}: sum of {item['components']} components, "
             f"{_times(item['count'])}"))
-        lines.append(_shorten_left(f"      at {_relative(item['location'])}"))
+        lines.append(_shorten_left(f"      at {relative(item['location'])}"))
     return "\n".join(lines)
 
 
@@ -134,11 +142,24 @@ def _replica_list(replicas):
     return ",".join(map(str, replicas))
 
 
-def _relative(path):
-    """`path` (or 'path:line') relative to the working directory when it
-    lies inside it, so that it fits the line."""
-    relative = os.path.relpath(path)
+def _relative(path, start):
+    """An absolute `path` (or 'path:line') relative to `start` (by default
+    the working directory) when it lies inside it, so that it fits the line;
+    anything else as it is."""
+    if not os.path.isabs(path):
+        return path
+    try:
+        relative = os.path.relpath(path, start)
+    except (OSError, ValueError):  # the working directory is gone
+        return path
     return path if relative.startswith(os.pardir) else relative
+
+
+def _printable(text):
+    """`text` on one line: control characters (a newline in an argument,
+    say) as escapes."""
+    return text if text.isprintable() else text.encode(
+        "unicode_escape").decode("ascii")
 
 
 def _none_count(report):

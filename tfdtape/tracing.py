@@ -16,9 +16,11 @@ as read without calling the Python tape functions, so such reads are not
 recorded; reads of distributed variables always are.
 """
 
+import ast
 import contextlib
 import dataclasses
 import functools
+import linecache
 import os
 import sys
 import sysconfig
@@ -150,6 +152,13 @@ def trace():
         RuntimeError: tfdtape is not installed.
     """
     from tfdtape import patching  # pylint: disable=g-import-not-at-top
+    observers = sys.modules.get("tfdtape.observers")
+    if not patching.is_installed() and observers and observers.observing():
+        raise RuntimeError(errors.message(
+            "cannot open a trace: tfdtape is not installed", "tfdtape.trace",
+            "tfdtape's tape functions in TensorFlow, which report each watch "
+            "decision", "TensorFlow's own, observed as stock",
+            observers.NO_INSTALL_REMEDY))
     if not patching.is_installed():
         raise RuntimeError(errors.message(
             "cannot open a trace: tfdtape is not installed", "tfdtape.trace",
@@ -239,21 +248,22 @@ def caller_location(frame):
 
     Frames in TensorFlow's, Keras's and tfdtape's package folders and in the
     standard library (a replica thread's `threading` frames) are not user
-    code. A frame in AutoGraph's generated code stands for the line of the
-    user's function it was converted from (TensorFlow's source map for the
-    conversion running in this thread); one the map does not cover is
-    passed over.
+    code. A frame in AutoGraph's generated code stands for the statement of
+    the user's function it was converted from, found through TensorFlow's
+    source maps of the conversions under way (in any thread: a replica
+    function converted with its caller runs in a replica thread); a
+    generated frame no map covers gives '?', since the line it stands for
+    is unknown.
     """
     libraries = _library_folders()
-    source_map = None
     while frame is not None:
         filename = frame.f_code.co_filename
         if "__autograph_generated" in filename:
-            if source_map is None:
-                source_map = _autograph_source_map()
-            origin = source_map.get((filename, frame.f_lineno))
-            if origin is not None and _is_user_file(origin[0], libraries):
-                return f"{origin[0]}:{origin[1]}"
+            origin = _autograph_origin(filename, frame.f_lineno)
+            if origin is None:
+                return "?"
+            if _is_user_file(origin[0], libraries):
+                return f"{origin[0]}:{_statement_start(origin[0], origin[1])}"
         elif _is_user_file(filename, libraries):
             return f"{filename}:{frame.f_lineno}"
         frame = frame.f_back
@@ -285,11 +295,41 @@ def _standard_library_folders():
     return tuple({os.path.join(paths[key], "") for key in ("stdlib", "platstdlib")})
 
 
-def _autograph_source_map():
-    """{(generated file, line): (file, line, function)} of the AutoGraph
-    conversions running in this thread, innermost first; {} outside one."""
-    stack = tf_stack._source_mapper_stacks.get(tf_stack._get_thread_key())  # pylint: disable=protected-access
-    return stack[-1].get_effective_source_map() if stack else {}
+def _autograph_origin(filename, line):
+    """(file, line, function) that line `line` of AutoGraph's generated
+    `filename` was converted from, or None: looked up in the source maps of
+    the conversions under way, this thread's first."""
+    # pylint: disable=protected-access
+    stacks = tf_stack._source_mapper_stacks
+    own = stacks.get(tf_stack._get_thread_key())
+    for stack in [own] + list(stacks.values()):
+        if stack:
+            origin = stack[-1].get_effective_source_map().get((filename, line))
+            if origin is not None:
+                return origin
+    return None
+
+
+def _statement_start(filename, line):
+    """The first line of the innermost statement of `filename` that spans
+    `line` (AutoGraph maps a call spread over lines to its last line)."""
+    return _statement_starts(filename).get(line, line)
+
+
+@functools.lru_cache(maxsize=64)
+def _statement_starts(filename):
+    """{line: first line of the innermost statement spanning it}."""
+    try:
+        tree = ast.parse("".join(linecache.getlines(filename)))
+    except (SyntaxError, ValueError):
+        return {}
+    starts = {}
+    for node in ast.walk(tree):  # outer statements first, inner ones overwrite
+        if isinstance(node, ast.stmt):
+            for spanned in range(node.lineno, (node.end_lineno or node.lineno) + 1):
+                if starts.get(spanned, 0) <= node.lineno:
+                    starts[spanned] = node.lineno
+    return starts
 
 
 def _replica_index(replica_context):
