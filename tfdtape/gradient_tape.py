@@ -27,6 +27,7 @@ from tensorflow.python.platform import tf_logging as logging
 from tensorflow.python.util import _pywrap_utils
 from tensorflow.python.util import nest
 
+from tfdtape import call_sites
 from tfdtape import compat
 from tfdtape import errors
 from tfdtape import explaining
@@ -163,7 +164,7 @@ def _report(tape, recorded, sources, result, totals, frame):
     reasons = explaining.none_reasons(tape, recorded, flat_sources,
                                       nest.flatten(result))
     tracing.record_gradient(tracing.GradientEvent(
-        tuple(reasons), totals, tracing.caller_location(frame),
+        tuple(reasons), totals, call_sites.caller_location(frame),
         explaining.context_now()))
 
 

@@ -17,6 +17,7 @@ from tensorflow.python.eager import backprop
 from tensorflow.python.eager import tape as tape_module
 from tensorflow.python.util import nest
 
+from tfdtape import call_sites
 from tfdtape import compat
 from tfdtape import explaining
 from tfdtape import tracing
@@ -73,7 +74,7 @@ def _observe_gradient(original):
             tracing.record_gradient(tracing.GradientEvent(
                 tuple(explaining.none_reasons(
                     self, recorded, nest.flatten(sources), nest.flatten(result))),
-                (), tracing.caller_location(sys._getframe(1)),  # pylint: disable=protected-access
+                (), call_sites.caller_location(sys._getframe(1)),  # pylint: disable=protected-access
                 explaining.context_now()))
         return result
     return gradient
