@@ -4,8 +4,10 @@ strategies.
 - A tape opened in cross-replica context around an eager `strategy.run`
   records nothing the replica threads compute: tfdtape refuses the gradient
   naming strategy.run instead of returning None (stock TensorFlow raises its
-  handle error). Inside a `tf.function` the reads reach the tape, and the
-  gradient is the total derivative.
+  handle error). The same holds for a tape opened inside the `tf.function`
+  that calls `strategy.run` (traced replicas run in threads too). A tape
+  opened outside the `tf.function` records its call, and the gradient is the
+  total derivative.
 - `tape.watch(per_replica_value)` watches each component, as stock does.
 - A variable of another strategy with no component for the current replica
   is refused with both strategies named, nothing watched, nothing traced.
@@ -133,6 +135,52 @@ def test_traced_strategy_run_under_a_cross_replica_tape(strategy, configuration)
             return
         gradient = tape.gradient(loss, v)
     assert float(gradient) == 24.0  # 4 replicas, each d(v*v)/dv = 6
+
+
+def test_a_tape_inside_the_tf_function_that_calls_strategy_run_is_refused(
+        strategy, configuration):
+    """Traced too, the replicas run in threads of their own: a tape opened
+    in the function body records none of their work (here the gradient
+    would silently be 1.0, the direct term alone, instead of 13.0)."""
+    with strategy.scope():
+        v = tf.Variable(2.0, name="traced")
+
+    @tf.function
+    def step():
+        with tf.GradientTape() as tape:
+            per_replica = strategy.run(lambda: v * 3.0)
+            loss = strategy.reduce("SUM", per_replica, axis=None) + v * 1.0
+        return tape.gradient(loss, v)
+
+    with strategy.scope():
+        if configuration not in PATCHED_CONFIGURATIONS:
+            with pytest.raises(ValueError, match=HANDLE_UNAVAILABLE):
+                step()
+            return
+        with pytest.raises(ValueError) as raised:
+            step()
+    text = str(raised.value)  # AutoGraph puts "in user code:" and a frame first
+    assert ("tfdtape: cannot take a cross-replica gradient through a "
+            "strategy.run inside the tf.function the tape was opened in "
+            "(tf.GradientTape.gradient)") in text
+    assert "open the tape outside it" in text
+
+
+@pytest.mark.parametrize("configuration", PATCHED_CONFIGURATIONS, indirect=True)
+def test_strategy_run_in_an_inner_tf_function_is_one_recorded_call(
+        strategy, configuration):
+    with strategy.scope():
+        v = tf.Variable(2.0)
+    replicas = tf.function(lambda: strategy.run(lambda: v * 3.0))
+
+    @tf.function
+    def step():
+        with tf.GradientTape() as tape:
+            loss = strategy.reduce("SUM", replicas(), axis=None) + v * 1.0
+        return tape.gradient(loss, v)
+
+    with strategy.scope():
+        assert float(step()) == 13.0  # 4 replicas x 3, plus 1
 
 
 @pytest.mark.parametrize("configuration", PATCHED_CONFIGURATIONS, indirect=True)

@@ -1,19 +1,22 @@
-"""What no tape recorded: the replicas of an eager `strategy.run`.
+"""What no tape recorded: the replicas of a `strategy.run` called while the
+tape records in the same thread.
 
 MirroredStrategy (and MultiWorkerMirroredStrategy) runs each replica
-function of an eager `strategy.run` in a thread of its own, and a gradient
-tape records only the operations of the thread it was opened in. A tape that
-records while its own thread calls an eager `strategy.run` therefore records
-nothing the replicas compute — whether they read a distributed variable or
-a tensor computed from one — and a gradient through them would silently come
-out None, or partial.
+function of a `strategy.run` in a thread of its own — eagerly, and also when
+a `tf.function` is traced — and a gradient tape records only the operations
+of the thread it was opened in. A tape that records while its own thread
+calls `strategy.run` therefore records nothing the replicas compute —
+whether they read a distributed variable or a tensor computed from one —
+and a gradient through them would silently come out None, or partial.
 
-tfdtape marks every tape recording in the calling thread (outside replica
-context) when an eager `strategy.run` starts there, and `check` refuses a
-cross-replica gradient with respect to a distributed variable from a marked
-tape. Inside a `tf.function` the replicas are traced into the function, whose
-call the tape records, so nothing is marked. A `strategy.run` in another
-thread marks nothing here.
+tfdtape marks the tapes recording in the calling thread (outside replica
+context) when a `strategy.run` starts there: all of them when it runs
+eagerly, and, while a `tf.function` is traced, those opened inside that same
+function. `check` refuses a cross-replica gradient with respect to a
+distributed variable from a marked tape. A tape opened outside a
+`tf.function` records the function's call as a whole (replicas included), so
+a `strategy.run` traced inside it marks nothing; neither does a
+`strategy.run` in another thread.
 """
 
 import threading
@@ -26,12 +29,13 @@ from tfdtape import errors
 from tfdtape import keras_variables
 from tfdtape import resolution
 
-_MISSED_RUN = "_tfdtape_missed_strategy_run"  # On a GradientTape: True.
+_MISSED_RUN = "_tfdtape_missed_strategy_run"
+"""On a GradientTape: 'eager' or 'traced', how the missed strategy.run ran."""
 
 # Kept across importlib.reload: the tapes already recording stay known.
 _recording = globals().get("_recording") or threading.local()
-"""Per thread, `.tapes`: the GradientTapes recording there now (pushed
-outside replica context)."""
+"""Per thread, `.tapes`: (GradientTape, the graph it was pushed in) for the
+tapes recording there now (pushed outside replica context)."""
 
 
 def _tapes_here():
@@ -57,13 +61,13 @@ def tape_pushed(tape, is_new):
     stack = ops.get_default_graph()._distribution_strategy_stack  # pylint: disable=protected-access
     if stack and stack[-1].replica_context is not None:
         return
-    _tapes_here().append(tape)
+    _tapes_here().append((tape, ops.get_default_graph()))
 
 
 def tape_popped(tape):
     """Notes that `tape` (a GradientTape) stopped recording in this thread."""
     tapes = _tapes_here()
-    for index, recording in enumerate(tapes):
+    for index, (recording, _) in enumerate(tapes):
         if recording is tape:
             del tapes[index]
             return
@@ -71,13 +75,18 @@ def tape_popped(tape):
 
 def make_call_for_each_replica(original):
     """Returns a `mirrored_run.call_for_each_replica` that marks the tapes
-    recording in the calling thread when the replicas run eagerly."""
+    recording in the calling thread that will miss the replicas."""
 
     def call_for_each_replica(strategy, fn, args=None, kwargs=None):
-        if (context.executing_eagerly() and
-                not isinstance(fn, def_function.Function)):
-            for tape in _tapes_here():
-                tape.__dict__[_MISSED_RUN] = True
+        if not isinstance(fn, def_function.Function):  # else one function call
+            if context.executing_eagerly():
+                for tape, _ in _tapes_here():
+                    tape.__dict__[_MISSED_RUN] = "eager"
+            else:
+                graph = ops.get_default_graph()
+                for tape, pushed_in in _tapes_here():
+                    if pushed_in is graph:
+                        tape.__dict__[_MISSED_RUN] = "traced"
         return original(strategy, fn, args, kwargs)
 
     call_for_each_replica.__doc__ = original.__doc__
@@ -86,8 +95,8 @@ def make_call_for_each_replica(original):
 
 
 def check(tape, sources, symbol):
-    """Raises if `tape` recorded an eager `strategy.run` and `sources` hold a
-    distributed variable (or a Keras variable wrapping one).
+    """Raises if `tape` missed the replicas of a `strategy.run` and `sources`
+    hold a distributed variable (or a Keras variable wrapping one).
 
     Args:
         tape: the GradientTape a cross-replica gradient is taken from.
@@ -98,19 +107,21 @@ def check(tape, sources, symbol):
         ValueError: the tape cannot have recorded what the replicas of that
             `strategy.run` computed.
     """
-    if not tape.__dict__.get(_MISSED_RUN):
+    missed = tape.__dict__.get(_MISSED_RUN)
+    if not missed:
         return
+    where = ("an eager strategy.run" if missed == "eager" else
+             "a strategy.run inside the tf.function the tape was opened in")
+    remedy = ("Open the tape and take the gradient inside the function you "
+              "pass to strategy.run, or run the whole step (strategy.run "
+              "included) in a tf.function and open the tape outside it")
     for source in sources:
         if resolution.is_distributed_variable(
                 keras_variables.unwrap(source, symbol)):
             raise ValueError(errors.message(
-                "cannot take a cross-replica gradient through an eager "
-                "strategy.run", symbol,
+                f"cannot take a cross-replica gradient through {where}", symbol,
                 "a tape that recorded everything between "
                 f"{keras_variables.label(source)!r} and the target",
-                "a tape that was recording when an eager strategy.run ran "
-                "its replicas in threads the tape does not record, so the "
-                "gradient would be missing (None or partial)",
-                "Open the tape and take the gradient inside the function you "
-                "pass to strategy.run, or run the whole step (strategy.run "
-                "included) in a tf.function"))
+                f"a tape that was recording when {where} ran its replicas in "
+                "threads the tape does not record, so the gradient would be "
+                "missing (None or partial)", remedy))
