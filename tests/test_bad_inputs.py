@@ -105,3 +105,14 @@ def test_resolve_follows_the_context(strategy):
     assert seen == {index: (True, True, True) for index in range(4)}
     # With no strategy, the default strategy's container is the value itself.
     assert_same_objects(tfdtape.resolve(v.values[0]), [v.values[0]])
+
+
+def test_watching_an_integer_tensor_warns_in_tensorflows_words(
+        configuration, caplog):
+    with caplog.at_level("WARNING", logger="tensorflow"):
+        with tf.GradientTape() as tape:
+            tape.watch(tf.constant(1))
+    assert [record.getMessage() for record in caplog.records
+            if "watched tensor" in record.getMessage()] == [
+        "The dtype of the watched tensor must be floating (e.g. tf.float32), "
+        "got tf.int32"]

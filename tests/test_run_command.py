@@ -4,6 +4,7 @@ SCRIPT` would run them, with the tapes' story told at exit."""
 import json
 import os
 import pathlib
+import py_compile
 import re
 import subprocess
 import sys
@@ -249,34 +250,114 @@ def test_another_librarys_patch_is_one_line_and_exit_2(tmp_path):
      "from tensorflow.python.eager import tape\n"
      "print(tape.watch_variable.__module__.split('.')[0] in ('tensorflow', "
      "'tfdtape'))\n", 0, "True\n"),
+    ("import sys\ndef hook(kind, value, trace):\n    raise OSError('hook broke')\n"
+     "sys.excepthook = hook\nraise ValueError('x')\n", 1, ""),
+    ("import sys\ndef hook(kind, value, trace):\n    sys.exit(5)\n"
+     "sys.excepthook = hook\nraise ValueError('x')\n", 5, ""),
+    ("import os, sys\nsys.stderr = open(os.devnull, 'wb')\n", 0, ""),
+    ("import logging\nlogging.basicConfig(level=logging.INFO)\n"
+     "import tensorflow\n", 0, ""),
+    ("import os, signal, threading, time\n"
+     "threading.Thread(target=time.sleep, args=(5,)).start()\n"
+     "threading.Timer(1, os.kill, (os.getpid(), signal.SIGINT)).start()\n",
+     0, ""),
 ], ids=["__file__ absolute", "excepthook", "exit -1", "exit True",
         "non-daemon thread", "__annotations__", "exit beyond a C long",
         "thread pool left open", "stdout None", "stderr None",
         "stderr closed", "working directory removed",
-        "a finder that asks every finder"])
+        "a finder that asks every finder", "excepthook fails",
+        "excepthook exits", "binary stderr", "logging at INFO",
+        "Ctrl-C while Python waits for threads at exit"])
 def test_the_script_runs_as_under_python(tmp_path, body, status, stdout):
     script = tmp_path / "script.py"
     script.write_text(body)
+    stderrs = []
     for runner in ([sys.executable], [sys.executable, "-m", "tfdtape", "run",
-                                      "--json", "report.json"]):
+                                      "--quiet", "--json", "report.json"]):
         completed = subprocess.run(
             runner + ["script.py"], cwd=tmp_path, capture_output=True,
             text=True, timeout=300, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
         assert completed.returncode == status, (runner, completed.stderr)
         assert completed.stdout == stdout.format(script=script), runner
+        stderrs.append([line for line in completed.stderr.splitlines()
+                        if not re.match(r"[IWE]\d{4} |WARNING: All log", line)])
+    assert stderrs[0] == stderrs[1]
     report = json.loads((tmp_path / "report.json").read_text())
     assert report["exit_status"] == status
 
 
 def test_keyboard_interrupt_ends_the_process_by_sigint(tmp_path):
+    """After atexit handlers and finalization (open files flushed), as
+    Python ends on an uncaught KeyboardInterrupt."""
     script = tmp_path / "interrupted.py"
-    script.write_text("raise KeyboardInterrupt\n")
+    script.write_text("import atexit\n"
+                      "atexit.register(print, 'atexit ran', flush=True)\n"
+                      "unflushed = open('unflushed.txt', 'w')\n"
+                      "unflushed.write('kept')\n"
+                      "raise KeyboardInterrupt\n")
     plain = subprocess.run([sys.executable, str(script)], capture_output=True,
-                           timeout=120)
-    completed = tfdtape_run(str(script))
+                           text=True, timeout=120, cwd=tmp_path)
+    assert (tmp_path / "unflushed.txt").read_text() == "kept"
+    (tmp_path / "unflushed.txt").unlink()
+    completed = tfdtape_run(str(script), cwd=tmp_path)
     assert completed.returncode == plain.returncode == -2
-    assert "KeyboardInterrupt" in completed.stderr
+    assert completed.stdout == plain.stdout == "atexit ran\n"
+    assert (tmp_path / "unflushed.txt").read_text() == "kept"
+    assert completed.stderr.startswith(plain.stderr)  # the traceback, once
     assert "exited with status 1" in summary_of(completed.stderr)
+
+
+@pytest.mark.parametrize("script_status, run_status", [(0, 2), (3, 3)])
+def test_a_report_that_cannot_be_written_at_the_end_is_one_line(
+        tmp_path, script_status, run_status):
+    (tmp_path / "work").mkdir()
+    script = tmp_path / "removes_its_folder.py"
+    script.write_text(f"import os, sys\nos.rmdir({str(tmp_path / 'work')!r})\n"
+                      f"sys.exit({script_status})\n")
+    completed = tfdtape_run("--quiet", "--json", "r.json", str(script),
+                            cwd=tmp_path / "work")
+    assert completed.returncode == run_status
+    assert completed.stderr == (
+        f"tfdtape: --json {tmp_path / 'work' / 'r.json'}: cannot write the "
+        "report (No such file or directory)\n")
+
+
+def test_pytest_under_run_with_tests_that_use_tfdtape(tmp_path):
+    (tmp_path / "test_uses_tfdtape.py").write_text(
+        "import tfdtape\n"
+        "from tfdtape import testing\n"
+        "def test_installed(tfdtape_installed):\n"
+        "    assert tfdtape.is_installed()\n")
+    completed = tfdtape_run("--quiet", "--json", "r.json", "-m", "pytest", "-q",
+                            "-p", "no:cacheprovider", "test_uses_tfdtape.py",
+                            cwd=tmp_path)
+    assert completed.returncode == 0, completed.stdout + completed.stderr
+    assert "1 passed" in completed.stdout
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert report["complete"] is True and report["tensorflow"] == tf_version()
+
+
+@pytest.mark.parametrize("form", ["/dev/stdin", "compiled.pyc", "- closed"])
+def test_scripts_python_runs_from_a_pipe_or_compiled(tmp_path, form):
+    (tmp_path / "facts.py").write_text(
+        "import sys\nprint(__file__, sys.argv, sys.path[0])\n")
+    py_compile.compile(str(tmp_path / "facts.py"),
+                       cfile=str(tmp_path / "compiled.pyc"))
+    outputs = []
+    for runner in ([sys.executable], [sys.executable, "-m", "tfdtape", "run",
+                                      "--quiet"]):
+        if form == "- closed":
+            completed = subprocess.run(runner + ["-"], stdin=subprocess.DEVNULL,
+                                       close_fds=True, cwd=tmp_path,
+                                       capture_output=True, text=True,
+                                       timeout=120, preexec_fn=lambda: os.close(0))
+        else:
+            completed = subprocess.run(
+                runner + [form], input=(tmp_path / "facts.py").read_text(),
+                cwd=tmp_path, capture_output=True, text=True, timeout=120)
+        assert completed.returncode == 0, completed.stderr
+        outputs.append(completed.stdout)
+    assert outputs[0] == outputs[1]
 
 
 def test_help_exits_0():
@@ -493,7 +574,8 @@ def test_a_none_inside_a_tf_function_is_located_at_its_gradient_line(
         ("unused:0", "no strategy", f"{script}:{lines['multiline']}", 1),
         ("unused:0", "replica", f"{script}:{lines['replica']}", 2),
         ("unused:0", "replica", f"{script}:{lines['nested replica']}", 2),
-        ("plain_unused:0", "no strategy", "?", 1)])
+        ("plain_unused:0", "no strategy", "?", 1),
+        ("plain_unused:0", "no strategy", f"{script}:{lines['eager chain']}", 1)])
 
 
 @pytest.mark.parametrize("program", [

@@ -21,7 +21,9 @@ from tensorflow.python.util import tf_stack
 
 def caller_location(frame):
     """'file:line' of the innermost frame from `frame` outwards that is user
-    code, or '?' if there is none.
+    code, or '?' if there is none. The line is the first of the statement
+    that frame is running, so a call spread over lines has one location
+    whether it runs eagerly or converted by AutoGraph.
 
     Frames in TensorFlow's, Keras's and tfdtape's package folders and in the
     standard library (a replica thread's `threading` frames) are not user
@@ -42,7 +44,7 @@ def caller_location(frame):
             if _is_user_file(origin[0], libraries):
                 return f"{origin[0]}:{_statement_start(origin[0], origin[1])}"
         elif _is_user_file(filename, libraries):
-            return f"{filename}:{frame.f_lineno}"
+            return f"{filename}:{_statement_start(filename, frame.f_lineno)}"
         frame = frame.f_back
     return "?"
 
@@ -89,7 +91,8 @@ def _autograph_origin(filename, line):
 
 def _statement_start(filename, line):
     """The first line of the innermost statement of `filename` that spans
-    `line` (AutoGraph maps a call spread over lines to its last line)."""
+    `line` (Python reports a call spread over lines at the line of its
+    callee, AutoGraph's map at its last line)."""
     return _statement_starts(filename).get(line, line)
 
 

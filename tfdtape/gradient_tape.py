@@ -65,10 +65,9 @@ def watch(self, tensor):
                 resolution.resolve(item)  # Raises before anything is watched.
     for item, watched, is_variable in items:
         if not backprop_util.IsTrainable(watched):
-            logging.log_first_n(
-                logging.WARN, "GradientTape.watch: a tensor of dtype %r has "
-                "no gradient; watch floating-point tensors only.", 5,
-                watched.dtype)
+            logging.log_first_n(  # TensorFlow's own words, as stock warns
+                logging.WARN, "The dtype of the watched tensor must be "
+                "floating (e.g. tf.float32), got %r", 5, watched.dtype)
         if is_variable:
             tape_module.watch_variable(self._tape, item)  # pylint: disable=protected-access
         else:

@@ -12,8 +12,11 @@ wraps the loader, so that `callback()` runs in the importing thread right
 after the package's `__init__` has run, before the import statement
 returns. While a module whose name starts with `defer_prefix` is being
 imported (tfdtape's own modules import TensorFlow, and the callback needs
-them whole), the call waits until the last such import ends. The finder
-leaves `sys.meta_path` before the callback runs, and every module keeps its
+them whole), the call waits until the last such import ends; one that
+another loader runs (pytest's assertion rewriter, ahead of this finder) is
+seen by the initializing mark importlib puts on its spec, and the call then
+comes with the first import after it has ended. The finder leaves
+`sys.meta_path` before the callback runs, and every module keeps its
 original loader.
 
 wrapt's post-import hooks (which come with TensorFlow) fire at once when
@@ -30,7 +33,7 @@ class AfterImport(importlib.abc.MetaPathFinder):
     """Calls `callback()` once, right after `package` is first imported.
 
     An exception the callback raises propagates from the import statement
-    that triggered it (the package stays imported).
+    that triggered it, which fails.
     """
 
     def __init__(self, package, callback, defer_prefix):
@@ -39,7 +42,8 @@ class AfterImport(importlib.abc.MetaPathFinder):
         self._defer_prefix = defer_prefix
         self._lock = threading.Lock()
         self._imported = False      # the package's __init__ has finished
-        self._deferring = 0         # deferring imports in progress
+        self._deferring = 0         # deferring imports in progress here
+        self._wrapped = set()       # names whose loader reports here
         self._done = False          # called back, or stopped
         self._asking = threading.local()  # names this thread is looking up
         self.called = False
@@ -64,6 +68,8 @@ class AfterImport(importlib.abc.MetaPathFinder):
         """The spec the finders after this one give, with a loader that
         reports back. A finder that asks every finder (this one included)
         gets None from this one while it is being asked."""
+        if self._imported and not self._done:
+            self._call_if_due()  # a deferring module another loader ran may be done
         is_package = fullname == self._package
         if not is_package and not fullname.startswith(self._defer_prefix):
             return None
@@ -77,6 +83,7 @@ class AfterImport(importlib.abc.MetaPathFinder):
             asking.discard(fullname)
         if spec is not None and hasattr(spec.loader, "exec_module") and not self._done:
             spec.loader = _ReportingLoader(spec.loader, self, is_package)
+            self._wrapped.add(fullname)
         return spec
 
     def _spec_after_this(self, fullname, path, target):
@@ -105,11 +112,23 @@ class AfterImport(importlib.abc.MetaPathFinder):
 
     def _call_if_due(self):
         with self._lock:
-            if self._done or not self._imported or self._deferring:
+            if (self._done or not self._imported or self._deferring or
+                    self._other_loader_importing()):
                 return
             self._done = self.called = True
             self._leave_meta_path()
         self._callback()
+
+    def _other_loader_importing(self):
+        """True while a module under the defer prefix that another loader
+        runs (one ahead of this finder, such as pytest's assertion
+        rewriter) is half imported: importlib marks its spec initializing."""
+        for name, module in list(sys.modules.items()):
+            if (name.startswith(self._defer_prefix) and name not in self._wrapped
+                    and getattr(getattr(module, "__spec__", None),
+                                "_initializing", False)):
+                return True
+        return False
 
     def _leave_meta_path(self):
         try:

@@ -166,14 +166,28 @@ def run(argv):
     if not options.quiet:
         _write_line(run_report.summary(report, relative_to=working_directory),
                     sys.stderr)
-    if options.json is not None:  # the script may have set TF_CONFIG
-        run_report.write_json(
-            os.path.join(working_directory, _json_path(options.json)), report)
+    written = options.json is None or _write_json(
+        os.path.join(working_directory, _json_path(options.json)), report)
     if interrupted:
-        _die_of_sigint()
+        _end_interrupted()
+    if status == 0 and not written:
+        return command_line.EXIT_UNUSABLE
     if status == 0 and options.fail_on_none and report["none_gradients"]:
         return command_line.EXIT_FAILED
     return status
+
+
+def _write_json(path, report):
+    """Writes the JSON report (the script may have set TF_CONFIG, or removed
+    the folder, since the path was checked); on failure says so in one line
+    and returns False."""
+    try:
+        run_report.write_json(path, report)
+    except OSError as error:
+        _write_line(f"tfdtape: --json {path}: cannot write the report "
+                    f"({error.strerror or error})", sys.stderr)
+        return False
+    return True
 
 
 def _json_path(pattern):
@@ -185,7 +199,7 @@ def _flush(stream):
     """Flushes `stream` unless the script closed or removed it."""
     try:
         stream.flush()
-    except (AttributeError, ValueError, OSError):
+    except (AttributeError, TypeError, ValueError, OSError):
         pass
 
 
@@ -195,14 +209,14 @@ def _write_line(text, stream):
     try:
         stream.write(text + "\n")
         stream.flush()
-    except (AttributeError, ValueError, OSError):
+    except (AttributeError, TypeError, ValueError, OSError):  # e.g. binary
         pass
 
 
-def _die_of_sigint():
-    """Ends the process as an uncaught KeyboardInterrupt ends Python's:
-    killed by SIGINT."""
-    import signal  # pylint: disable=g-import-not-at-top
-    _flush(sys.stderr)
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
-    os.kill(os.getpid(), signal.SIGINT)
+def _end_interrupted():
+    """Ends the run as an uncaught KeyboardInterrupt ends Python: its
+    traceback was printed already, so it is raised on with a silent
+    `sys.excepthook`, and Python runs the `atexit` handlers, finalizes and
+    then kills the process by SIGINT."""
+    sys.excepthook = lambda *unused: None
+    raise KeyboardInterrupt

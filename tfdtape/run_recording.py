@@ -12,6 +12,7 @@ library's patch), the run ends there: one line on stderr, exit status 2.
 """
 
 import contextlib
+import logging
 import os
 import sys
 
@@ -85,12 +86,16 @@ class RunRecording:
             return
         from tfdtape import errors
         from tfdtape import patching
+        log = logging.getLogger("tfdtape")
+        quiet_before, log.disabled = log.disabled, True  # the script's output only
         try:
             patching.install()
         except (errors.UnsupportedTensorFlowError,
                 errors.PatchConflictError) as error:
             raise command_line.UsageError(
                 str(error).removeprefix("tfdtape: ")) from None
+        finally:
+            log.disabled = quiet_before
 
 
 def _stop_the_run(line):

@@ -13,6 +13,7 @@ threads.
 
 import builtins
 import importlib.machinery
+import importlib.util
 import os
 import sys
 import types
@@ -30,7 +31,7 @@ def check_script(path):
     if os.path.isdir(path):
         if not os.path.isfile(os.path.join(path, "__main__.py")):
             raise NothingToRun(f"cannot run {path}: a directory without __main__.py")
-    elif not os.path.isfile(path):
+    elif not os.path.exists(path):  # a pipe such as /dev/fd/63 is fine
         raise NothingToRun(f"cannot run {path}: no such file")
     elif _is_zip_application(path) is False:
         raise NothingToRun(f"cannot run {path}: a zip archive without __main__.py")
@@ -53,9 +54,44 @@ def run_as_main(script, module, arguments):
         return _exit_status(exit_request.code), False
     except BaseException as error:  # pylint: disable=broad-except
         trace = _user_traceback(error.__traceback__)
-        sys.excepthook(type(error), error.with_traceback(trace), trace)
+        try:
+            _hand_to_excepthook(error.with_traceback(trace))
+        except SystemExit as exit_request:  # the hook called sys.exit
+            return _exit_status(exit_request.code), False
         return 1, isinstance(error, KeyboardInterrupt)
     return 0, False
+
+
+def _hand_to_excepthook(error):
+    """Hands an uncaught exception to `sys.excepthook` as Python does: if
+    the hook is missing or fails, says so on stderr and prints the exception
+    with Python's own hook."""
+    hook = getattr(sys, "excepthook", None)
+    if hook is None:
+        _write_stderr("sys.excepthook is missing\n")
+    else:
+        try:
+            hook(type(error), error, error.__traceback__)
+            return
+        except SystemExit:
+            raise
+        except BaseException as hook_error:  # pylint: disable=broad-except
+            import traceback  # pylint: disable=g-import-not-at-top
+            _write_stderr("Error in sys.excepthook:\n" + "".join(
+                traceback.format_exception(
+                    type(hook_error), hook_error,
+                    _user_traceback(hook_error.__traceback__), chain=False)) +
+                "\nOriginal exception was:\n")
+    sys.__excepthook__(type(error), error, error.__traceback__)
+
+
+def _write_stderr(text):
+    """Writes `text` to sys.stderr, unless the script closed or replaced it
+    with something that takes no text."""
+    try:
+        sys.stderr.write(text)
+    except (AttributeError, TypeError, ValueError, OSError):
+        pass
 
 
 def finish_threads():
@@ -63,7 +99,15 @@ def finish_threads():
     interpreter does at exit (before `atexit` handlers), so that what those
     threads do happens before the report."""
     import threading  # pylint: disable=g-import-not-at-top
-    threading._shutdown()  # pylint: disable=protected-access
+    try:
+        threading._shutdown()  # pylint: disable=protected-access
+    except KeyboardInterrupt as interrupt:  # at exit Python reports and goes on
+        import traceback  # pylint: disable=g-import-not-at-top
+        _write_stderr(  # in the shape of Python's report of an unraisable error
+            f"Exception ignored in: {threading!r}\n"
+            "Traceback (most recent call last):\n" +
+            "".join(traceback.format_tb(interrupt.__traceback__.tb_next)) +
+            f"KeyboardInterrupt: {interrupt}\n")
 
 
 def _run_script(path, arguments):
@@ -74,7 +118,9 @@ def _run_script(path, arguments):
     if path == "-":
         _set_path_entry("")
         stdin = getattr(sys.stdin, "buffer", sys.stdin)  # bytes keep the coding
-        _exec_as_main(stdin.read(), "<stdin>", importlib.machinery.BuiltinImporter)
+        source = stdin.read() if stdin is not None else b""  # stdin closed
+        _exec_as_main(_code(source, "<stdin>"), "<stdin>",
+                      importlib.machinery.BuiltinImporter)
     elif os.path.isdir(path) or _is_zip_application(path):
         import runpy  # pylint: disable=g-import-not-at-top
         _set_path_entry(os.path.abspath(path))
@@ -82,11 +128,33 @@ def _run_script(path, arguments):
         runpy._run_module_as_main("__main__", alter_argv=False)  # pylint: disable=protected-access
     else:
         absolute = os.path.join(os.getcwd(), path)  # as Python: not normalised
-        _set_path_entry(os.path.dirname(os.path.realpath(absolute)))
+        _set_path_entry(_script_folder(absolute))
         with open(absolute, "rb") as source_file:
             source = source_file.read()
-        _exec_as_main(source, absolute,
-                      importlib.machinery.SourceFileLoader("__main__", absolute))
+        if source[:4] == importlib.util.MAGIC_NUMBER:  # compiled, as python runs it
+            import marshal  # pylint: disable=g-import-not-at-top
+            _exec_as_main(marshal.loads(source[16:]), absolute,
+                          importlib.machinery.SourcelessFileLoader("__main__", absolute))
+        else:
+            _exec_as_main(_code(source, absolute), absolute,
+                          importlib.machinery.SourceFileLoader("__main__", absolute))
+
+
+def _script_folder(path):
+    """The folder Python puts first on sys.path for the script at `path`:
+    one symlink of the script read, then the real path if there is one (a
+    pipe such as /dev/stdin has none), as CPython computes it."""
+    try:
+        link = os.readlink(path)
+    except OSError:
+        link = ""
+    if os.sep in link:
+        path = os.path.join(os.path.dirname(path), link)  # an absolute link wins
+    try:
+        path = os.path.realpath(path, strict=True)
+    except OSError:
+        pass
+    return os.path.dirname(path)
 
 
 def _run_module(name, arguments):
@@ -101,7 +169,7 @@ def _run_module(name, arguments):
 def _set_path_entry(entry):
     """Makes `entry` sys.path[0], where Python puts the script's folder; with
     -P or PYTHONSAFEPATH Python puts nothing there, and neither does this."""
-    if not sys.flags.safe_path:
+    if not getattr(sys.flags, "safe_path", False):  # the flag is new in 3.11
         sys.path[0] = entry
 
 
@@ -114,9 +182,13 @@ def _fresh_main():
     return main
 
 
-def _exec_as_main(source, filename, loader):
-    """Executes `source` (str or bytes) as a fresh `__main__` module."""
-    code = compile(source, filename, "exec", dont_inherit=True)
+def _code(source, filename):
+    """Compiles a program's `source` (bytes keep their coding cookie)."""
+    return compile(source, filename, "exec", dont_inherit=True)
+
+
+def _exec_as_main(code, filename, loader):
+    """Executes `code` as a fresh `__main__` module."""
     main = _fresh_main()
     main.__file__ = filename
     main.__cached__ = None
@@ -128,7 +200,7 @@ def _exec_as_main(source, filename, loader):
 def _is_zip_application(path):
     """None if `path` is no zip archive, else whether it has a __main__.py."""
     import zipfile  # pylint: disable=g-import-not-at-top
-    if not zipfile.is_zipfile(path):
+    if not os.path.isfile(path) or not zipfile.is_zipfile(path):  # a pipe: read once
         return None
     try:
         with zipfile.ZipFile(path) as archive:
@@ -148,8 +220,7 @@ def _exit_status(code):
         return 0
     if isinstance(code, int):
         return int(code) & 0xFF if -_C_LONG <= code < _C_LONG else 0xFF
-    if sys.stderr is not None:
-        print(code, file=sys.stderr)
+    _write_stderr(f"{code}\n")
     return 1
 
 

@@ -1,7 +1,9 @@
 """None gradients inside tf.function steps (AutoGraph on), one per case;
-the runner finds their lines by the NONE markers. The last case runs code
-converted by tf.autograph.to_graph outside any conversion under way, which
-no source map covers: its location is '?'."""
+the runner finds their lines by the NONE markers. The to_graph case runs
+code converted by tf.autograph.to_graph outside any conversion under way,
+which no source map covers: its location is '?'. The last, eager, spreads
+one call over two lines: it is located at the statement's first line, as
+a multi-line call under AutoGraph is."""
 
 import tensorflow as tf
 
@@ -69,3 +71,7 @@ print("gradients:", [float(g) for g in strategy.experimental_local_results(
       float(multiline_step(tf.constant(1.0))),
       [float(g) for g in strategy.experimental_local_results(nested_step())])
 print("to_graph:", float(tf.autograph.to_graph(to_graph_step)()))
+with tf.GradientTape() as tape:
+    loss = plain * 2.0
+(tape  # NONE: eager chain
+ .gradient(loss, [plain, plain_unused]))
