@@ -25,7 +25,7 @@ setuptools.setup(
     packages=["tfdtape"],
     py_modules=["tfdtape_pytest"],
     entry_points={"pytest11": ["tfdtape_pytest = tfdtape_pytest"]},
-    python_requires=">=3.9",
+    python_requires=">=3.10",
     install_requires=["absl-py>=1.0"],
     extras_require={
         "cpu": [f"tensorflow-cpu{_TENSORFLOW}"],

@@ -152,7 +152,7 @@ def _script_folder(path):
         path = os.path.join(os.path.dirname(path), link)  # an absolute link wins
     try:
         path = os.path.realpath(path, strict=True)
-    except OSError:
+    except OSError:  # a pipe's link names no file: kept as it is
         pass
     return os.path.dirname(path)
 
