@@ -325,12 +325,14 @@ def test_a_report_that_cannot_be_written_at_the_end_is_one_line(
 def test_pytest_under_run_with_tests_that_use_tfdtape(tmp_path):
     (tmp_path / "test_uses_tfdtape.py").write_text(
         "import tfdtape\n"
-        "from tfdtape import testing\n"
+        "INSTALLED_ON_IMPORT = tfdtape.is_installed()  # imports tfdtape.patching\n"
         "def test_installed(tfdtape_installed):\n"
-        "    assert tfdtape.is_installed()\n")
+        "    assert INSTALLED_ON_IMPORT and tfdtape.is_installed()\n")
+    # -p loads the plugin by name where tfdtape is not pip-installed (Bazel);
+    # pip-installed, its entry point also marks tfdtape for assertion rewriting.
     completed = tfdtape_run("--quiet", "--json", "r.json", "-m", "pytest", "-q",
-                            "-p", "no:cacheprovider", "test_uses_tfdtape.py",
-                            cwd=tmp_path)
+                            "-p", "no:cacheprovider", "-p", "tfdtape_pytest",
+                            "test_uses_tfdtape.py", cwd=tmp_path)
     assert completed.returncode == 0, completed.stdout + completed.stderr
     assert "1 passed" in completed.stdout
     report = json.loads((tmp_path / "r.json").read_text())

@@ -12,12 +12,13 @@ wraps the loader, so that `callback()` runs in the importing thread right
 after the package's `__init__` has run, before the import statement
 returns. While a module whose name starts with `defer_prefix` is being
 imported (tfdtape's own modules import TensorFlow, and the callback needs
-them whole), the call waits until the last such import ends; one that
-another loader runs (pytest's assertion rewriter, ahead of this finder) is
-seen by the initializing mark importlib puts on its spec, and the call then
-comes with the first import after it has ended. The finder leaves
-`sys.meta_path` before the callback runs, and every module keeps its
-original loader.
+them whole), the call waits until the last such import ends. A finder put
+ahead of this one later (pytest's assertion rewriter, which claims tfdtape's
+modules) is passed again at the next import this finder sees; until then, a
+deferring module another loader runs is seen by the initializing mark
+importlib puts on its spec, and the call comes with the first import after
+that module has ended. The finder leaves `sys.meta_path` before the callback
+runs, and every module keeps its original loader.
 
 wrapt's post-import hooks (which come with TensorFlow) fire at once when
 the module is in `sys.modules`, even half imported, and their finder stays
@@ -68,8 +69,10 @@ class AfterImport(importlib.abc.MetaPathFinder):
         """The spec the finders after this one give, with a loader that
         reports back. A finder that asks every finder (this one included)
         gets None from this one while it is being asked."""
-        if self._imported and not self._done:
-            self._call_if_due()  # a deferring module another loader ran may be done
+        if not self._done:
+            self._stay_first()
+            if self._imported:
+                self._call_if_due()  # a deferring module another loader ran may be done
         is_package = fullname == self._package
         if not is_package and not fullname.startswith(self._defer_prefix):
             return None
@@ -85,6 +88,16 @@ class AfterImport(importlib.abc.MetaPathFinder):
             spec.loader = _ReportingLoader(spec.loader, self, is_package)
             self._wrapped.add(fullname)
         return spec
+
+    def _stay_first(self):
+        """Moves this finder back to the front of sys.meta_path if a finder
+        was put ahead of it (pytest's assertion rewriter claims tfdtape's
+        modules when it is ahead): this finder hands every name but its own
+        on untouched, so going first changes nothing for the others."""
+        with self._lock:
+            if sys.meta_path and sys.meta_path[0] is not self and self in sys.meta_path:
+                sys.meta_path.remove(self)
+                sys.meta_path.insert(0, self)
 
     def _spec_after_this(self, fullname, path, target):
         finders = list(sys.meta_path)
