@@ -28,6 +28,9 @@ PLAIN = "plain"
 class Recorder:
     """Counts watch decisions, None gradients and total derivatives."""
 
+    records_untaped = False
+    """Reads while no tape records are no tape's business: not sent here."""
+
     def __init__(self):
         self.complete = True  # False once tfdtape is uninstalled meanwhile.
         self._lock = threading.Lock()

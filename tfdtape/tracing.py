@@ -35,6 +35,15 @@ from tfdtape import keras_variables
 # tuple, replaced whole under the lock, so reporting reads it without one.
 _open_sinks = tuple(globals().get("_open_sinks", ()))
 active = bool(_open_sinks)  # True while a sink is open; read on the hot path.
+
+
+def _wants_untaped(sinks):
+    """Whether a sink keeps reads made while no tape records (a trace does;
+    the run recorder, whose `records_untaped` is False, does not)."""
+    return any(getattr(sink, "records_untaped", True) for sink in sinks)
+
+
+_untaped_wanted = _wants_untaped(_open_sinks)
 _lock = globals().get("_lock") or threading.Lock()
 
 
@@ -182,23 +191,30 @@ def note_uninstalled():
 
 def open_sink(sink):
     """Starts sending every report to `sink` (its add_event / add_gradient)."""
-    global active, _open_sinks
+    global active, _open_sinks, _untaped_wanted
     with _lock:
         _open_sinks += (sink,)
+        _untaped_wanted = _wants_untaped(_open_sinks)
         active = True
 
 
 def close_sink(sink):
     """Stops sending reports to `sink`; a sink a fork already closed is fine."""
-    global active, _open_sinks
+    global active, _open_sinks, _untaped_wanted
     with _lock:
         _open_sinks = tuple(open_sink_ for open_sink_ in _open_sinks
                             if open_sink_ is not sink)
+        _untaped_wanted = _wants_untaped(_open_sinks)
         active = bool(_open_sinks)
 
 
 def record(kind, variable, resolved):
-    """Sends one decision to every open sink (called by tfdtape's tape functions)."""
+    """Sends one decision to every open sink (called by tfdtape's tape
+    functions); a read while no tape records is not even described unless
+    a sink keeps such reads."""
+    taped = not pywrap_tfe.TFE_Py_TapeSetIsEmpty()
+    if not taped and not _untaped_wanted:
+        return
     # The strategy stack, read as tfdtape.resolution reads it: cheaper than
     # the public context functions, which matters with a recorder open.
     stack = ops.get_default_graph()._distribution_strategy_stack  # pylint: disable=protected-access
@@ -214,7 +230,7 @@ def record(kind, variable, resolved):
             context = "replica"
             replica_id = _replica_index(mode.replica_context)
     event = WatchEvent(kind, variable, tuple(resolved), context, replica_id,
-                       strategy_name, not pywrap_tfe.TFE_Py_TapeSetIsEmpty())
+                       strategy_name, taped)
     for sink in _open_sinks:
         sink.add_event(event)
 
@@ -255,9 +271,10 @@ def _close_traces_after_fork():
 
     Idempotent, so a reload registering it again does no harm.
     """
-    global active, _lock, _open_sinks
+    global active, _lock, _open_sinks, _untaped_wanted
     _lock = threading.Lock()
     _open_sinks = ()
+    _untaped_wanted = False
     active = False
 
 
