@@ -166,6 +166,30 @@ def test_a_tape_inside_the_tf_function_that_calls_strategy_run_is_refused(
     assert "open the tape outside it" in text
 
 
+def test_a_keras_step_with_the_tape_inside_its_tf_function_is_refused(
+        strategy, configuration):
+    with strategy.scope():
+        layer = tf.keras.layers.Dense(1, name="head")
+        layer.build((None, 2))
+
+    @tf.function
+    def step():
+        with tf.GradientTape() as tape:
+            outputs = strategy.run(lambda: layer(tf.ones((1, 2))))
+            loss = strategy.reduce("SUM", outputs, axis=None)
+        return tape.gradient(loss, layer.trainable_variables)
+
+    with strategy.scope():
+        with pytest.raises(ValueError) as raised:
+            step()
+    if configuration not in PATCHED_CONFIGURATIONS:
+        assert HANDLE_UNAVAILABLE in str(raised.value)
+        return
+    assert ("tfdtape: cannot take a cross-replica gradient through a "
+            "strategy.run inside the tf.function the tape was opened in") in str(
+                raised.value)
+
+
 @pytest.mark.parametrize("configuration", PATCHED_CONFIGURATIONS, indirect=True)
 def test_strategy_run_in_an_inner_tf_function_is_one_recorded_call(
         strategy, configuration):
