@@ -74,8 +74,8 @@ class SessionReport:
         snapshot = self.recorder.snapshot()
         self.report = run_report.build(
             snapshot, self.command, int(exitstatus), installed=True, task=None,
-            incomplete_reason=(None if snapshot["complete"] else
-                               importlib.import_module("tfdtape.tracing").INCOMPLETE_NOTE))
+            incomplete_reason=importlib.import_module(
+                "tfdtape.recorder").incomplete_reason(snapshot))
         run_report.write_json(self.path, self.report)
 
     def pytest_terminal_summary(self, terminalreporter):

@@ -42,16 +42,20 @@ def seen_by(calls, name, attribute):
     return lambda: calls.append(getattr(sys.modules[name], attribute, "missing"))
 
 
+def started(callback, defer_prefix="fakehelper."):
+    """An AfterImport of `fakepkg` calling `callback`, started."""
+    hook = import_hook.AfterImport("fakepkg", callback, defer_prefix=defer_prefix)
+    hook.start()
+    return hook
+
+
 def test_calls_back_once_right_after_the_package_init(packages):
     packages({"fakepkg/__init__.py": "STARTED = True\nREADY = True\n"})
     calls = []
-    hook = import_hook.AfterImport("fakepkg", seen_by(calls, "fakepkg", "READY"),
-                                   defer_prefix="fakehelper.")
-    hook.start()
-    assert hook in sys.meta_path and not hook.called
+    hook = started(seen_by(calls, "fakepkg", "READY"))
+    assert hook in sys.meta_path and calls == []
     import fakepkg  # pylint: disable=g-import-not-at-top,import-outside-toplevel
-    assert calls == [True]
-    assert hook.called and hook not in sys.meta_path
+    assert calls == [True] and hook not in sys.meta_path
     assert type(fakepkg.__loader__) is importlib.machinery.SourceFileLoader
     assert fakepkg.__spec__.loader is fakepkg.__loader__
     importlib.reload(fakepkg)
@@ -62,10 +66,8 @@ def test_calls_back_at_start_when_the_package_is_already_imported(packages):
     packages({"fakepkg/__init__.py": "READY = True\n"})
     importlib.import_module("fakepkg")
     calls = []
-    hook = import_hook.AfterImport("fakepkg", seen_by(calls, "fakepkg", "READY"),
-                                   defer_prefix="fakehelper.")
-    hook.start()
-    assert calls == [True] and hook.called and hook not in sys.meta_path
+    hook = started(seen_by(calls, "fakepkg", "READY"))
+    assert calls == [True] and hook not in sys.meta_path
 
 
 def test_waits_while_a_deferring_module_is_being_imported(packages):
@@ -77,10 +79,7 @@ def test_waits_while_a_deferring_module_is_being_imported(packages):
         "fakehelper/inner.py": "import fakepkg\n",
     })
     calls = []
-    hook = import_hook.AfterImport(
-        "fakepkg", seen_by(calls, "fakehelper.user", "DONE"),
-        defer_prefix="fakehelper.")
-    hook.start()
+    started(seen_by(calls, "fakehelper.user", "DONE"))
     importlib.import_module("fakehelper.user")
     assert calls == [True]
     for name in ("fakehelper.user", "fakehelper.inner"):
@@ -95,10 +94,8 @@ def test_control_without_the_defer_prefix_the_call_comes_mid_import(packages):
         "fakehelper/user.py": "import fakepkg\nDONE = True\n",
     })
     calls = []
-    hook = import_hook.AfterImport(
-        "fakepkg", seen_by(calls, "fakehelper.user", "DONE"),
-        defer_prefix="someone_else.")
-    hook.start()
+    started(seen_by(calls, "fakehelper.user", "DONE"),
+            defer_prefix="someone_else.")
     importlib.import_module("fakehelper.user")
     assert calls == ["missing"]
 
@@ -106,12 +103,10 @@ def test_control_without_the_defer_prefix_the_call_comes_mid_import(packages):
 def test_stop_before_the_import_means_no_call(packages):
     packages({"fakepkg/__init__.py": "READY = True\n"})
     calls = []
-    hook = import_hook.AfterImport("fakepkg", lambda: calls.append(1),
-                                   defer_prefix="fakehelper.")
-    hook.start()
+    hook = started(lambda: calls.append(1))
     hook.stop()
     importlib.import_module("fakepkg")
-    assert calls == [] and hook not in sys.meta_path and not hook.called
+    assert calls == [] and hook not in sys.meta_path
 
 
 def test_a_failed_package_import_calls_back_on_the_import_that_works(packages):
@@ -120,9 +115,7 @@ def test_a_failed_package_import_calls_back_on_the_import_that_works(packages):
                                      "    raise ImportError('not now')\n"
                                      "READY = True\n"})
     calls = []
-    hook = import_hook.AfterImport("fakepkg", seen_by(calls, "fakepkg", "READY"),
-                                   defer_prefix="fakehelper.")
-    hook.start()
+    hook = started(seen_by(calls, "fakepkg", "READY"))
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("FAKEPKG_FAIL", "1")
         with pytest.raises(ImportError, match="not now"):
@@ -135,22 +128,24 @@ def test_a_failed_package_import_calls_back_on_the_import_that_works(packages):
 def test_the_callbacks_exception_fails_the_import_that_triggered_it(packages):
     packages({"fakepkg/__init__.py": "READY = True\n"})
 
+    calls = []
+
     def refuse():
+        calls.append("refused")
         raise RuntimeError("refused")
 
-    hook = import_hook.AfterImport("fakepkg", refuse, defer_prefix="fakehelper.")
-    hook.start()
+    hook = started(refuse)
     with pytest.raises(RuntimeError, match="refused"):
         importlib.import_module("fakepkg")
-    assert hook.called and hook not in sys.meta_path
+    assert hook not in sys.meta_path
+    importlib.import_module("fakepkg")  # the failed import left nothing behind
+    assert calls == ["refused"]
 
 
 def test_threads_importing_together_get_one_call(packages):
     packages({"fakepkg/__init__.py": "import time\ntime.sleep(0.2)\nREADY = True\n"})
     calls = []
-    hook = import_hook.AfterImport("fakepkg", seen_by(calls, "fakepkg", "READY"),
-                                   defer_prefix="fakehelper.")
-    hook.start()
+    started(seen_by(calls, "fakepkg", "READY"))
     seen = []
 
     def work():
@@ -181,9 +176,7 @@ def test_a_finder_that_asks_every_finder_does_not_loop(packages, ahead):
     asker = AskEveryone()
     sys.meta_path.insert(0, asker)
     calls = []
-    hook = import_hook.AfterImport("fakepkg", seen_by(calls, "fakepkg", "READY"),
-                                   defer_prefix="fakehelper.")
-    hook.start()
+    started(seen_by(calls, "fakepkg", "READY"))
     if ahead:  # start() put the hook first: move the asker ahead of it
         sys.meta_path.remove(asker)
         sys.meta_path.insert(0, asker)

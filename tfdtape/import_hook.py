@@ -47,8 +47,6 @@ class AfterImport(importlib.abc.MetaPathFinder):
         self._wrapped = set()       # names whose loader reports here
         self._done = False          # called back, or stopped
         self._asking = threading.local()  # names this thread is looking up
-        self.called = False
-        """Whether the callback has been made (or started)."""
 
     def start(self):
         """Calls back now if the package is already imported, else watches
@@ -128,7 +126,7 @@ class AfterImport(importlib.abc.MetaPathFinder):
             if (self._done or not self._imported or self._deferring or
                     self._other_loader_importing()):
                 return
-            self._done = self.called = True
+            self._done = True
             self._leave_meta_path()
         self._callback()
 

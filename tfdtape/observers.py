@@ -91,32 +91,15 @@ _OBSERVED = (
 @contextlib.contextmanager
 def observe_stock():
     """Observes TensorFlow's own tape functions inside the block."""
-    global _observing
     originals = [(owner, name, vars(owner)[name])
                  for owner, name, _ in _OBSERVED if name in vars(owner)]
     makers = {name: make for _, name, make in _OBSERVED}
     for owner, name, original in originals:
         setattr(owner, name, makers[name](original))
-    _observing = True
+    tracing.observing_stock = True
     try:
         yield
     finally:
-        _observing = False
+        tracing.observing_stock = False
         for owner, name, original in originals:
             setattr(owner, name, original)
-
-
-_observing = False
-
-
-def observing():
-    """True while `observe_stock()` has TensorFlow's functions observed (a
-    `python -m tfdtape run --no-install` run)."""
-    return _observing
-
-
-NO_INSTALL_REMEDY = (
-    "This process runs under `python -m tfdtape run --no-install`, which "
-    "observes stock TensorFlow and keeps tfdtape out: run without "
-    "--no-install to have tfdtape installed")
-"""What to do when tfdtape is asked for inside a --no-install run."""

@@ -15,7 +15,6 @@ blocks do not exist.
 import contextlib
 import logging
 import os
-import sys
 import threading
 import types
 
@@ -177,12 +176,6 @@ def _install_locked():
     return True
 
 
-def _stock_observed():
-    """True inside a `python -m tfdtape run --no-install` run."""
-    observers = sys.modules.get("tfdtape.observers")
-    return observers is not None and observers.observing()
-
-
 def _plan():
     """Checks what install() checks; returns (held, pending): the targets
     holding tfdtape's replacement, and [(target, original)] for the targets
@@ -200,23 +193,21 @@ def _plan():
         return held, []
     _check_tensorflow()
     foreign = [target for target, holder in survey if holder == targets.FOREIGN]
-    if foreign and not held and _stock_observed():
-        from tfdtape import observers  # pylint: disable=g-import-not-at-top
-        raise errors.PatchConflictError(errors.message(
-            "cannot install: TensorFlow's functions are observed as stock",
-            ", ".join(target.symbol for target in foreign),
-            "TensorFlow's own function", "tfdtape's stock observers",
-            observers.NO_INSTALL_REMEDY))
     if foreign and not held:
+        what, found, remedy = (
+            ("TensorFlow's functions are observed as stock",
+             "tfdtape's stock observers", tracing.NO_INSTALL_REMEDY)
+            if tracing.observing_stock else
+            ("another patch holds a function tfdtape replaces",
+             ", ".join(targets.describe(target.current()) for target in foreign),
+             "tfdtape cannot tell what that patch does with the variable, and "
+             "would stop calling it. Import tfdtape before the library that "
+             "installed it (its wrapper then wraps tfdtape's function and both "
+             "run, that wrapper first), or remove that patch"))
         raise errors.PatchConflictError(errors.message(
-            "cannot install: another patch holds a function tfdtape replaces",
+            f"cannot install: {what}",
             ", ".join(target.symbol for target in foreign),
-            "TensorFlow's own function",
-            ", ".join(targets.describe(target.current()) for target in foreign),
-            "tfdtape cannot tell what that patch does with the variable, and "
-            "would stop calling it. Import tfdtape before the library that "
-            "installed it (its wrapper then wraps tfdtape's function and both "
-            "run, that wrapper first), or remove that patch"))
+            "TensorFlow's own function", found, remedy))
     pending = [(target, target.check()) for target in waiting]
     return held, [(target, original) for target, original in pending
                   if original is not None]

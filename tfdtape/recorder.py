@@ -14,6 +14,7 @@ import threading
 
 from tfdtape import keras_variables
 from tfdtape import resolution
+from tfdtape import tracing
 
 CONTAINER = "container"
 """Watched as its distributed container (replica context)."""
@@ -85,6 +86,13 @@ class Recorder:
                 in sorted(self._totals.items())]
         return {"complete": self.complete, "watched": watched,
                 "none_gradients": none_gradients, "total_derivatives": totals}
+
+
+def incomplete_reason(snapshot):
+    """Why the recording a `Recorder.snapshot()` holds is incomplete (tfdtape
+    was uninstalled while it recorded), or None: what `run_report.build`
+    takes with that snapshot."""
+    return None if snapshot["complete"] else tracing.INCOMPLETE_NOTE
 
 
 def _how(variable, resolved):

@@ -162,10 +162,11 @@ def run(argv):
         snapshot, command + options.arguments, status,
         installed=not options.no_install, task=task_of_config(),
         incomplete_reason=incomplete_reason)
-    _flush(sys.stdout)
+    script_runner.write_quietly(sys.stdout, "")  # the script's output first
     if not options.quiet:
-        _write_line(run_report.summary(report, relative_to=working_directory),
-                    sys.stderr)
+        script_runner.write_quietly(
+            sys.stderr, run_report.summary(report, relative_to=working_directory)
+            + "\n")
     written = options.json is None or _write_json(
         os.path.join(working_directory, _json_path(options.json)), report)
     if interrupted:
@@ -184,8 +185,9 @@ def _write_json(path, report):
     try:
         run_report.write_json(path, report)
     except OSError as error:
-        _write_line(f"tfdtape: --json {path}: cannot write the report "
-                    f"({error.strerror or error})", sys.stderr)
+        script_runner.write_quietly(
+            sys.stderr, f"tfdtape: --json {path}: cannot write the report "
+            f"({error.strerror or error})\n")
         return False
     return True
 
@@ -193,24 +195,6 @@ def _write_json(path, report):
 def _json_path(pattern):
     """The --json path with `{task}` filled in from TF_CONFIG as it is now."""
     return pattern.replace("{task}", task_of_config() or "local")
-
-
-def _flush(stream):
-    """Flushes `stream` unless the script closed or removed it."""
-    try:
-        stream.flush()
-    except (AttributeError, TypeError, ValueError, OSError):
-        pass
-
-
-def _write_line(text, stream):
-    """Writes `text` and a newline to `stream`, unless the script closed or
-    removed it (as Python's own messages at exit are lost then)."""
-    try:
-        stream.write(text + "\n")
-        stream.flush()
-    except (AttributeError, TypeError, ValueError, OSError):  # e.g. binary
-        pass
 
 
 def _end_interrupted():

@@ -18,6 +18,7 @@ import sys
 
 from tfdtape import command_line
 from tfdtape import import_hook
+from tfdtape import script_runner
 
 UNSEEN_IMPORT_NOTE = (
     "note: TensorFlow was imported by a route tfdtape run did not see (an "
@@ -53,11 +54,9 @@ class RunRecording:
         """(what the recorder counted, why it is incomplete or None); an
         empty recording if TensorFlow was never imported."""
         if self.recorder is not None:
+            from tfdtape import recorder as recorder_lib  # pylint: disable=g-import-not-at-top
             snapshot = self.recorder.snapshot()
-            if snapshot["complete"]:
-                return snapshot, None
-            from tfdtape import tracing  # pylint: disable=g-import-not-at-top
-            return snapshot, tracing.INCOMPLETE_NOTE
+            return snapshot, recorder_lib.incomplete_reason(snapshot)
         from tfdtape import run_report  # pylint: disable=g-import-not-at-top
         version = getattr(sys.modules.get("tensorflow"), "__version__", None)
         imported = isinstance(version, str)  # not a stand-in the script made
@@ -103,9 +102,6 @@ def _stop_the_run(line):
     cannot go into this TensorFlow, so nothing the run reports would hold.
     Whichever thread imported TensorFlow, the whole run stops there."""
     for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except (AttributeError, ValueError, OSError):
-            pass
+        script_runner.write_quietly(stream, "")  # flushes what the script wrote
     os.write(2, (line + "\n").encode())
     os._exit(command_line.EXIT_UNUSABLE)

@@ -85,13 +85,19 @@ def _hand_to_excepthook(error):
     sys.__excepthook__(type(error), error, error.__traceback__)
 
 
-def _write_stderr(text):
-    """Writes `text` to sys.stderr, unless the script closed or replaced it
-    with something that takes no text."""
+def write_quietly(stream, text):
+    """Writes `text` to `stream` and flushes it, unless the script closed
+    it, removed it (None) or put something there that takes no text, as
+    Python's own messages at exit are lost then."""
     try:
-        sys.stderr.write(text)
+        stream.write(text)
+        stream.flush()
     except (AttributeError, TypeError, ValueError, OSError):
         pass
+
+
+def _write_stderr(text):
+    write_quietly(sys.stderr, text)
 
 
 def finish_threads():

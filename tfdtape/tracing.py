@@ -19,7 +19,6 @@ recorded; reads of distributed variables always are.
 import contextlib
 import dataclasses
 import os
-import sys
 import threading
 from typing import Optional, Tuple
 
@@ -44,6 +43,16 @@ def _wants_untaped(sinks):
 
 
 _untaped_wanted = _wants_untaped(_open_sinks)
+
+observing_stock = globals().get("observing_stock", False)  # kept on reload
+"""True while `tfdtape.observers.observe_stock()` reports stock TensorFlow
+here (a `python -m tfdtape run --no-install` run)."""
+
+NO_INSTALL_REMEDY = (
+    "This process runs under `python -m tfdtape run --no-install`, which "
+    "observes stock TensorFlow and keeps tfdtape out: run without "
+    "--no-install to have tfdtape installed")
+"""What to do when tfdtape is asked for inside a --no-install run."""
 _lock = globals().get("_lock") or threading.Lock()
 
 
@@ -156,20 +165,17 @@ def trace():
         RuntimeError: tfdtape is not installed.
     """
     from tfdtape import patching  # pylint: disable=g-import-not-at-top
-    observers = sys.modules.get("tfdtape.observers")
-    if not patching.is_installed() and observers and observers.observing():
-        raise RuntimeError(errors.message(
-            "cannot open a trace: tfdtape is not installed", "tfdtape.trace",
-            "tfdtape's tape functions in TensorFlow, which report each watch "
-            "decision", "TensorFlow's own, observed as stock",
-            observers.NO_INSTALL_REMEDY))
     if not patching.is_installed():
+        found, remedy = (
+            ("TensorFlow's own, observed as stock", NO_INSTALL_REMEDY)
+            if observing_stock else
+            ("TensorFlow's own, which report nothing",
+             "Call tfdtape.install() first (`import tfdtape` does, unless "
+             "TFDTAPE_AUTOINSTALL=0)"))
         raise RuntimeError(errors.message(
             "cannot open a trace: tfdtape is not installed", "tfdtape.trace",
             "tfdtape's tape functions in TensorFlow, which report each watch "
-            "decision", "TensorFlow's own, which report nothing",
-            "Call tfdtape.install() first (`import tfdtape` does, unless "
-            "TFDTAPE_AUTOINSTALL=0)"))
+            "decision", found, remedy))
     recording = Trace()
     open_sink(recording)
     try:

@@ -58,10 +58,11 @@ def tape_pushed(tape, is_new):
     """
     if is_new:
         tape.__dict__.pop(_MISSED_RUN, None)
-    stack = ops.get_default_graph()._distribution_strategy_stack  # pylint: disable=protected-access
+    graph = ops.get_default_graph()
+    stack = graph._distribution_strategy_stack  # pylint: disable=protected-access
     if stack and stack[-1].replica_context is not None:
         return
-    _tapes_here().append((tape, ops.get_default_graph()))
+    _tapes_here().append((tape, graph))
 
 
 def tape_popped(tape):
