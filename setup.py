@@ -1,4 +1,5 @@
-"""Packaging for tfdtape.
+"""Packaging for tfdtape: all of its metadata (pyproject.toml only names the
+build backend).
 
 TensorFlow is not in install_requires: pip would pull a second TensorFlow in
 beside an installed tensorflow-cpu. Pick the distribution with an extra:
@@ -23,8 +24,15 @@ setuptools.setup(
     long_description=(_HERE / "README.md").read_text(encoding="utf-8"),
     long_description_content_type="text/markdown",
     packages=["tfdtape"],
+    # Declared, though it is the default, so that an editable install is a
+    # plain path entry, as before PEP 660, rather than an import finder on
+    # sys.meta_path ahead of the one `tfdtape run` puts there.
+    package_dir={"": "."},
     py_modules=["tfdtape_pytest"],
-    entry_points={"pytest11": ["tfdtape_pytest = tfdtape_pytest"]},
+    entry_points={
+        "console_scripts": ["tfdtape = tfdtape.__main__:main"],
+        "pytest11": ["tfdtape_pytest = tfdtape_pytest"],
+    },
     python_requires=">=3.10",
     install_requires=["absl-py>=1.0"],
     extras_require={

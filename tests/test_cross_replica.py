@@ -10,6 +10,7 @@ import pytest
 import tensorflow as tf
 from tensorflow.python.eager import tape as tape_module
 
+import releases
 from assertions import assert_same_objects
 from tfdtape.testing import PATCHED_CONFIGURATIONS
 
@@ -47,8 +48,11 @@ def test_direct_tape_calls_resolve_to_components(strategy, configuration, call):
         watches_reads = call != "watch_variable"
         with tf.GradientTape(watch_accessed_variables=watches_reads) as tape:
             if configuration == "pre_seed":
-                with pytest.raises(SystemError):
+                error, message = releases.unresolved_container_error(call)
+                with pytest.raises(error) as raised:
                     calls[call](tape, v)
+                assert type(raised.value) is error
+                assert str(raised.value).startswith(message)
                 return
             calls[call](tape, v)
     assert_same_objects(tape.watched_variables(), v.values)

@@ -1,6 +1,7 @@
 """`import tfdtape` where TensorFlow or absl-py is missing: one clear error
 naming the missing module and the install command."""
 
+import ast
 import os
 import pathlib
 import subprocess
@@ -72,3 +73,54 @@ def test_install_by_hand_without_absl_names_the_install_command():
     assert last_line(completed.stderr).startswith(
         "ModuleNotFoundError: tfdtape: the module 'absl' (absl-py) is not "
         'installed. Install tfdtape with TensorFlow: pip install "tfdtape[cpu]"')
+
+
+def imports_between_modules():
+    """{module: the tfdtape modules it imports, at module level or inside a
+    function}, read from the source."""
+    package = REPOSITORY / "tfdtape"
+    modules = {path.stem for path in package.glob("*.py")}
+    imported = {}
+    for name in modules:
+        found = set()
+        tree = ast.parse((package / f"{name}.py").read_text(encoding="utf-8"))
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.module == "tfdtape":
+                found |= {alias.name for alias in node.names} & modules
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                found.add(node.module.removeprefix("tfdtape.").split(".")[0]
+                          if node.module.startswith("tfdtape.") else "")
+            elif isinstance(node, ast.Import):
+                found |= {alias.name.split(".")[1] for alias in node.names
+                          if alias.name.startswith("tfdtape.")}
+        imported[name] = (found & modules) - {name}
+    return imported
+
+
+def cycles(graph):
+    """Every cycle of `graph` ({node: successors}), each as a tuple of
+    nodes starting at its smallest."""
+    found = set()
+
+    def walk(path):
+        for successor in sorted(graph[path[-1]]):
+            if successor == path[0]:
+                start = path.index(min(path))
+                found.add(tuple(path[start:] + path[:start]))
+            elif successor not in path and successor > path[0]:
+                walk(path + [successor])
+
+    for node in sorted(graph):
+        walk([node])
+    return sorted(found)
+
+
+def test_cycle_finder_sees_a_cycle():
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [
+        ("a", "b", "c")]
+
+
+def test_the_package_has_no_import_cycles():
+    graph = imports_between_modules()
+    assert graph["patching"] >= {"targets", "tracing"}  # the reader reads
+    assert cycles(graph) == []

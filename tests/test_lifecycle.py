@@ -227,16 +227,6 @@ def test_missing_optional_bulk_function_is_skipped(uninstalled, monkeypatch):
     assert tfdtape.uninstall() is True
 
 
-def test_unsupported_release_is_refused(uninstalled, monkeypatch):
-    monkeypatch.setattr(tf, "__version__", "2.11.1")
-    with pytest.raises(tfdtape.UnsupportedTensorFlowError) as raised:
-        tfdtape.install()
-    assert str(raised.value).startswith(
-        "tfdtape: unsupported TensorFlow release (tensorflow.__version__): "
-        "expected a release in >=2.12,<2.22, found 2.11.1 in TensorFlow 2.11.1.")
-    assert not tfdtape.is_installed()
-
-
 def test_a_failing_replacement_rolls_back(uninstalled, monkeypatch):
     class Refusing(type):
         def __setattr__(cls, name, value):

@@ -463,16 +463,24 @@ def fake_tensorflow(tmp_path, module_text):
      "thread.start()\nthread.join()\n"
      "print('carried on')\n", ""),
 ], ids=["in the main thread", "in another thread"])
-def test_an_unsupported_tensorflow_stops_the_run_at_its_import(tmp_path, body,
+def test_an_untested_tensorflow_stops_the_run_at_its_import(tmp_path, body,
                                                                stdout):
     script = tmp_path / "script.py"
     script.write_text(body)
+    environment = dict(fake_tensorflow(tmp_path, "__version__ = '2.11.0'\n"),
+                       TFDTAPE_ALLOW_UNTESTED_TENSORFLOW="0")
     completed = tfdtape_run("--json", str(tmp_path / "r.json"), str(script),
-                            env=fake_tensorflow(tmp_path, "__version__ = '2.11.0'\n"))
+                            env=environment)
     assert completed.returncode == 2
     assert completed.stdout == stdout
-    assert completed.stderr == ("tfdtape: TensorFlow 2.11.0 is not supported: "
-                                "expected a release in >=2.12,<2.22\n")
+    assert completed.stderr == (
+        "tfdtape: untested TensorFlow release (tensorflow.__version__): "
+        "expected final releases >=2.12,<2.22, found 2.11.0 (older than the "
+        "tested range) in TensorFlow 2.11.0. Install tensorflow-cpu>=2.12,"
+        "<2.22 (or tensorflow), or set TFDTAPE_ALLOW_UNTESTED_TENSORFLOW=1 to "
+        "install on this release anyway (tfdtape still checks every function "
+        "it patches first; `python -m tfdtape verify` tells whether the patch "
+        "holds there).\n")
     assert not (tmp_path / "r.json").exists()
 
 

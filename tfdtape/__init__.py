@@ -8,9 +8,9 @@ cross-replica context. It also makes `GradientTape.watch` and
 `GradientTape.gradient` work on distributed variables in cross-replica
 context. Set TFDTAPE_AUTOINSTALL=0 before the import to install by hand.
 
-`python -m tfdtape` (the command line) does not install on import: its
-commands manage the patch themselves, and report a missing TensorFlow in one
-line instead of a traceback.
+The command line (`python -m tfdtape`, or the `tfdtape` console script) does
+not install on import: its commands manage the patch themselves, and report a
+missing TensorFlow in one line instead of a traceback.
 
 PYTEST_DONT_REWRITE: under `python -m tfdtape run -m pytest` tfdtape is
 imported before pytest starts, and this marker tells pytest's assertion
@@ -22,6 +22,7 @@ import importlib.util
 import os
 import sys
 
+from tfdtape import switches
 from tfdtape.errors import NotWatchableError
 from tfdtape.errors import PatchConflictError
 from tfdtape.errors import PatchInUseError
@@ -35,16 +36,13 @@ _TENSORFLOW_NAMES = {
     "is_installed": "tfdtape.patching",
     "patched": "tfdtape.patching",
     "resolve": "tfdtape.resolution",
-    "trace": "tfdtape.tracing",
+    "trace": "tfdtape.traces",
     "explain": "tfdtape.explaining",
 }
 
 __all__ = ["NotWatchableError", "PatchConflictError", "PatchInUseError",
            "UnsupportedTensorFlowError", *_TENSORFLOW_NAMES]
 
-_AUTOINSTALL_VARIABLE = "TFDTAPE_AUTOINSTALL"
-_AUTOINSTALL_VALUES = {"1": True, "true": True, "yes": True, "on": True,
-                       "0": False, "false": False, "no": False, "off": False}
 
 
 def __getattr__(name):
@@ -56,21 +54,16 @@ def __getattr__(name):
 
 def _autoinstall_requested():
     """Reads TFDTAPE_AUTOINSTALL (default on); raises ValueError if unreadable."""
-    raw = os.environ.get(_AUTOINSTALL_VARIABLE, "1")
-    choice = _AUTOINSTALL_VALUES.get(raw.strip().lower())
-    if choice is None:
-        raise ValueError(
-            f"tfdtape: {_AUTOINSTALL_VARIABLE}={raw!r} is not understood: "
-            f"expected one of {', '.join(sorted(_AUTOINSTALL_VALUES))}. Set it "
-            "to 0 to import tfdtape without installing the patch")
-    return choice
+    return switches.read(switches.AUTOINSTALL, True,
+                         "Set it to 0 to import tfdtape without installing "
+                         "the patch")
 
 
 def _imported_by_command_line():
-    """True while `python -m tfdtape` (or `-mtfdtape`, or `-m
-    tfdtape.__main__`) is starting the command line."""
+    """True while the command line is starting: `python -m tfdtape` (or
+    `-mtfdtape`, or `-m tfdtape.__main__`), or the `tfdtape` console script."""
     if sys.argv[:1] != ["-m"]:
-        return False
+        return _started_as_console_script()
     names = ("tfdtape", "tfdtape.__main__")
     arguments = iter(getattr(sys, "orig_argv", [])[1:])
     for argument in arguments:
@@ -79,6 +72,22 @@ def _imported_by_command_line():
         if argument.startswith("-m"):
             return argument[2:] in names
     return False
+
+
+def _started_as_console_script():
+    """True while the `tfdtape` console script that pip writes (a `__main__`
+    called tfdtape that imports tfdtape.__main__) imports this package."""
+    script = sys.argv[0] if sys.argv else ""
+    if os.path.basename(script) != "tfdtape":
+        return False
+    main_file = getattr(sys.modules.get("__main__"), "__file__", None)
+    if main_file != script:
+        return False
+    try:
+        with open(script, "rb") as opened:
+            return b"from tfdtape.__main__ import main" in opened.read(4096)
+    except OSError:
+        return False
 
 
 _REQUIRED_MODULES = (("absl", "absl-py"),
@@ -95,7 +104,7 @@ def _check_required_modules():
                 f"({distribution}) is not installed. Install tfdtape with "
                 'TensorFlow: pip install "tfdtape[cpu]" (or '
                 'pip install "tfdtape[tensorflow]"); set '
-                f"{_AUTOINSTALL_VARIABLE}=0 to import tfdtape without it",
+                f"{switches.AUTOINSTALL}=0 to import tfdtape without it",
                 name=module)
 
 

@@ -1,4 +1,5 @@
-"""`python -m tfdtape verify|info|run`: the command line.
+"""`python -m tfdtape verify|info|run`, or `tfdtape verify|info|run` (the
+console script, the same entry): the command line.
 
 verify   runs every check in every configuration on MirroredStrategy over
          virtual CPUs (tfdtape.verify_command).
@@ -6,6 +7,8 @@ info     lists versions, TensorFlow's resolution and the patch targets
          (tfdtape.info_command).
 run      runs a script or module with tfdtape installed and reports what its
          gradient tapes did (tfdtape.run_command).
+
+`--version` prints tfdtape's release.
 
 Exit status: 0 success (every check passed), 1 a check failed, 2 the command
 could not run (bad arguments, no usable TensorFlow, an unwritable report
@@ -20,12 +23,15 @@ from tfdtape import command_line
 from tfdtape import info_command
 from tfdtape import run_command
 from tfdtape import verify_command
+from tfdtape import versions
 
 
 def _parser():
     parser = argparse.ArgumentParser(
-        prog="python -m tfdtape",
+        prog=command_line.program_name(),
         description="Verify tfdtape's patch against the installed TensorFlow.")
+    parser.add_argument("--version", action="version",
+                        version=f"tfdtape {versions.RELEASE}")
     commands = parser.add_subparsers(dest="command", required=True)
     verify_command.add_arguments(
         commands.add_parser("verify", help="run the semantic checks"))

@@ -1,5 +1,6 @@
-"""What every `python -m tfdtape` command shares: exit codes, one-line usage
-errors, importing TensorFlow, and checking output paths up front.
+"""What every command of the command line (`python -m tfdtape`, or the
+`tfdtape` console script) shares: exit codes, one-line usage errors, the
+program's name, importing TensorFlow, and checking output paths up front.
 
 Exit codes: 0 success (every check passed); 1 a check failed; 2 the command
 could not run (bad arguments, unusable TensorFlow, unwritable output). This
@@ -7,6 +8,7 @@ module must not import TensorFlow at import time.
 """
 
 import os
+import sys
 
 EXIT_PASSED, EXIT_FAILED, EXIT_UNUSABLE = 0, 1, 2
 
@@ -14,17 +16,27 @@ INSTALL_ADVICE = ('Install it with `pip install "tfdtape[cpu]"` (or '
                   '`pip install "tfdtape[tensorflow]"`)')
 
 
+def program_name():
+    """How the user started the command line: `tfdtape` (the console
+    script) or `python -m tfdtape`."""
+    started_as = os.path.basename(sys.argv[0]) if sys.argv else ""
+    return "tfdtape" if started_as == "tfdtape" else "python -m tfdtape"
+
+
 class UsageError(Exception):
     """A one-line problem with the arguments or the environment (exit 2)."""
 
 
 def import_tensorflow():
-    """Imports TensorFlow and checks its release; returns the module.
+    """Imports TensorFlow and checks it is a release; returns the module.
+
+    Whether tfdtape was tested on that release is not checked here: `verify`
+    and `info` report it, and `install()` applies the policy.
 
     Raises:
         UsageError: importing TensorFlow raised anything (a missing package,
-            protobuf's TypeError, a broken install), it has no
-            `__version__`, or the release is not supported.
+            protobuf's TypeError, a broken install), or it has no
+            `__version__`.
     """
     try:
         import tensorflow  # pylint: disable=g-import-not-at-top
@@ -33,6 +45,26 @@ def import_tensorflow():
             f"TensorFlow cannot be imported ({type(error).__name__}: "
             f"{_first_line(error)}). {INSTALL_ADVICE}") from None
     return check_release(tensorflow)
+
+
+def import_internals(tensorflow, *names):
+    """Imports the tfdtape modules `names` (which import TensorFlow's
+    internals) before a command uses them.
+
+    Raises:
+        UsageError: this `tensorflow` lacks an internal they import.
+    """
+    import importlib  # pylint: disable=g-import-not-at-top
+    from tfdtape import versions  # pylint: disable=g-import-not-at-top
+    try:
+        for name in names:
+            importlib.import_module(f"tfdtape.{name}")
+    except ImportError as error:
+        raise UsageError(
+            f"TensorFlow {tensorflow.__version__} lacks an internal tfdtape "
+            f"uses ({type(error).__name__}: {_first_line(error)}). Install "
+            f"tensorflow-cpu{versions.TENSORFLOW_REQUIREMENT}, or a tfdtape "
+            "release that supports this TensorFlow") from None
 
 
 def check_tensorflow_installed():
@@ -48,26 +80,18 @@ def check_tensorflow_installed():
 
 
 def check_release(tensorflow):
-    """Returns the imported `tensorflow` module if it is a supported release.
+    """Returns the imported `tensorflow` module if it names its release.
 
     Raises:
-        UsageError: it has no `__version__`, or the release is not supported.
+        UsageError: it has no `__version__` string, so it is not a
+            TensorFlow release (a stand-in module, say).
     """
-    from tfdtape import versions  # pylint: disable=g-import-not-at-top
     version = getattr(tensorflow, "__version__", None)
     if not isinstance(version, str):
         raise UsageError(
             f"the tensorflow package at {getattr(tensorflow, '__file__', '?')} "
             f"has no __version__, so it is not a TensorFlow release. "
             f"{INSTALL_ADVICE}")
-    try:
-        supported = versions.is_supported(version)
-    except ValueError:
-        supported = False
-    if not supported:
-        raise UsageError(
-            f"TensorFlow {version} is not supported: expected a release in "
-            f"{versions.TENSORFLOW_REQUIREMENT}")
     return tensorflow
 
 

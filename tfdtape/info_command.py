@@ -4,22 +4,30 @@ holds each patch target now."""
 import platform
 
 from tfdtape import command_line
+from tfdtape import switches
 
 
 def run(args):
     """Prints the report; returns the exit status."""
     del args
     tf = command_line.import_tensorflow()
+    command_line.import_internals(tf, "defun", "patching", "targets", "testing")
     from tfdtape import compat  # pylint: disable=g-import-not-at-top
     from tfdtape import defun  # pylint: disable=g-import-not-at-top
     from tfdtape import errors  # pylint: disable=g-import-not-at-top
     from tfdtape import patching  # pylint: disable=g-import-not-at-top
+    from tfdtape import release_policy  # pylint: disable=g-import-not-at-top
     from tfdtape import targets  # pylint: disable=g-import-not-at-top
     from tfdtape import testing  # pylint: disable=g-import-not-at-top
     from tfdtape import versions  # pylint: disable=g-import-not-at-top
-    print(f"tfdtape {versions.RELEASE} (supports TensorFlow "
-          f"{versions.TENSORFLOW_REQUIREMENT})")
+    print(f"tfdtape {versions.RELEASE} (tested on TensorFlow "
+          f"{versions.TESTED_RANGE_TEXT})")
     print(f"TensorFlow {tf.__version__}, Python {platform.python_version()}")
+    untested = release_policy.untested_line(tf.__version__)
+    if untested:
+        print(f"{untested}: install() refuses it unless "
+              f"{switches.ALLOW_UNTESTED_TENSORFLOW}=1 "
+              f"({_opt_in_text(release_policy)})")
     print(f"TensorFlow's native resolver: "
           f"{testing.native_resolution_description()}"
           + (" (one-shot hook, no unregister)" if compat.HAS_RESOLVER_REGISTRY
@@ -40,6 +48,14 @@ def run(args):
     for target in targets.patch_targets():
         print(f"  {target.symbol}: {_holder_text(target, targets)}")
     return command_line.EXIT_PASSED
+
+
+def _opt_in_text(release_policy):
+    """Whether the untested-release opt-in is set, in words."""
+    try:
+        return "set" if release_policy.untested_accepted() else "not set"
+    except ValueError:
+        return "set to a value not understood"
 
 
 def _holder_text(target, targets):

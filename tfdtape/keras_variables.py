@@ -8,35 +8,65 @@ treats such a variable as the `tf.Variable` it wraps. Keras 2 (`tf_keras`, and
 here.
 
 Keras is never imported by this module: a Keras variable can only exist once
-Keras's TensorFlow backend module is loaded, so it is looked up in
-`sys.modules`.
+Keras is loaded, so its exported `keras.Variable` is looked up through
+`sys.modules` (not a module path inside `keras.src`, which Keras releases
+move: 3.16 moved the backend's class out of `keras.src.backend.tensorflow.core`).
 """
 
 import sys
 
 from tensorflow.python.ops import variables
+from tensorflow.python.types import core as core_types
 
 from tfdtape import errors
 
-BACKEND_MODULES = ("keras.src.backend.tensorflow.core",
-                   "keras.backend.tensorflow.core")
-"""Where Keras 3 releases define the TensorFlow backend's Variable class."""
-
-_variable_types = ()  # The backend Variable classes, once found.
+_variable_types = ()  # The backend's Variable classes, once found.
 
 
 def _known_types():
-    """The TensorFlow backend's Variable classes, once Keras has loaded them.
+    """The TensorFlow backend's Variable classes once Keras 3 has loaded
+    them, else ().
 
-    Looked up until found (Keras may be imported after tfdtape), then kept.
+    Found from the class Keras exports as `keras.Variable` (see
+    `_tensorflow_backend_classes`). Looked up until found (Keras may be
+    imported after tfdtape), then kept.
     """
     global _variable_types
     if not _variable_types:
-        _variable_types = tuple(
-            vars(module)["Variable"] for module in
-            map(sys.modules.get, BACKEND_MODULES)
-            if module is not None and "Variable" in vars(module))
+        keras_module = sys.modules.get("keras")
+        exported = (None if keras_module is None else
+                    vars(keras_module).get("Variable"))
+        if isinstance(exported, type):
+            _variable_types = _tensorflow_backend_classes(exported)
     return _variable_types
+
+
+def _tensorflow_backend_classes(exported):
+    """The most general classes, among `exported`'s bases and subclasses,
+    that Keras defines as TensorFlow tensors without being `tf.Variable`s.
+
+    That is the TensorFlow backend's Variable class whether `keras.Variable`
+    is that class, a subclass of it (Keras 3.15 and earlier) or its
+    backend-independent base (early Keras 3), and nothing on another backend
+    or in Keras 2, whose variables are `tf.Variable`s.
+    """
+    related = [*exported.__mro__, *_subclasses(exported)]
+    fitting = [cls for cls in related
+               if issubclass(cls, core_types.Tensor)
+               and not issubclass(cls, variables.Variable)
+               and cls.__module__.partition(".")[0] == "keras"]
+    return tuple(dict.fromkeys(
+        cls for cls in fitting
+        if not any(other is not cls and issubclass(cls, other)
+                   for other in fitting)))
+
+
+def _subclasses(cls):
+    """Every class derived from `cls`, however indirectly."""
+    found = []
+    for subclass in type.__subclasses__(cls):
+        found += [subclass, *_subclasses(subclass)]
+    return found
 
 
 def is_keras_variable(value):

@@ -19,16 +19,18 @@ import threading
 import types
 
 from tfdtape import errors
+from tfdtape import release_policy
 from tfdtape import targets
 from tfdtape import tracing
-from tfdtape import versions
 
 
 def _new_state():
-    """The lock, the open patched() blocks ({block: thread id}), and whether
-    tfdtape was installed when the first of them opened."""
+    """The lock, the open patched() blocks ({block: thread id}), whether
+    tfdtape was installed when the first of them opened, and whether
+    installing into an untested TensorFlow was logged already."""
     return types.SimpleNamespace(lock=threading.RLock(), blocks={},
-                                 installed_before_blocks=False)
+                                 installed_before_blocks=False,
+                                 untested_logged=False)
 
 
 # importlib.reload re-runs this module in the same namespace: keep the state
@@ -48,10 +50,16 @@ def install():
     A target already holding tfdtape's replacement is kept as it is. Inside
     open `patched()` blocks tfdtape is installed, so this returns False.
 
+    On a TensorFlow outside the tested range it installs only when
+    `tfdtape.release_policy` accepts it (TFDTAPE_ALLOW_UNTESTED_TENSORFLOW=1),
+    and then logs one WARNING per process.
+
     Raises:
-        UnsupportedTensorFlowError: this TensorFlow is outside the supported
-            range, or an internal tfdtape patches or calls is missing or has
-            an unexpected shape. Nothing is patched then.
+        UnsupportedTensorFlowError: this TensorFlow is untested and not
+            accepted, or an internal tfdtape patches or calls is missing or
+            has an unexpected shape. Nothing is patched then.
+        ValueError: TFDTAPE_ALLOW_UNTESTED_TENSORFLOW holds a word not
+            understood. Nothing is patched then.
         PatchConflictError: tfdtape is not installed and another library's
             patch holds a function tfdtape replaces. Nothing is patched then.
     """
@@ -169,10 +177,15 @@ def _install_locked():
         raise
     # The stdlib's logger, not absl's: absl's adds a handler to the root
     # logger, which would make the program's own logging.basicConfig() a no-op.
-    logging.getLogger("tfdtape").info(
-        "tfdtape: installed into TensorFlow %s, replacing %s",
-        errors.tensorflow_version(),
-        ", ".join(target.symbol for target, _ in pending))
+    log = logging.getLogger("tfdtape")
+    version = errors.tensorflow_version()
+    log.info("tfdtape: installed into TensorFlow %s, replacing %s", version,
+             ", ".join(target.symbol for target, _ in pending))
+    untested = release_policy.untested_line(version)
+    if untested and not _state.untested_logged:
+        _state.untested_logged = True
+        log.warning("tfdtape: installed although %s. Run `python -m tfdtape "
+                    "verify` to check the patch on this build", untested)
     return True
 
 
@@ -214,15 +227,11 @@ def _plan():
 
 
 def _check_tensorflow():
-    """Raises UnsupportedTensorFlowError for an unsupported release or a
-    missing internal."""
-    version = errors.tensorflow_version()
-    if not versions.is_supported(version):
-        raise errors.UnsupportedTensorFlowError(errors.message(
-            "unsupported TensorFlow release", "tensorflow.__version__",
-            f"a release in {versions.TENSORFLOW_REQUIREMENT}", version,
-            f"Install tensorflow-cpu{versions.TENSORFLOW_REQUIREMENT} (or "
-            "tensorflow), or a tfdtape release that supports this one"))
+    """Raises UnsupportedTensorFlowError for a release the policy refuses,
+    or a missing internal."""
+    refusal = release_policy.refusal(errors.tensorflow_version())
+    if refusal:
+        raise errors.UnsupportedTensorFlowError(refusal)
     targets.check_required_symbols()
 
 

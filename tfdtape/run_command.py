@@ -27,8 +27,13 @@ from tfdtape import run_recording
 from tfdtape import run_report
 from tfdtape import script_runner
 
-USAGE = ("usage: python -m tfdtape run [--json PATH] [--fail-on-none-gradient] "
-         "[--quiet] [--no-install] (SCRIPT | -m MODULE) [ARGS...]")
+def usage():
+    """The usage line, with the program named as the user started it."""
+    return (f"usage: {command_line.program_name()} run [--json PATH] "
+            "[--fail-on-none-gradient] [--quiet] [--no-install] "
+            "(SCRIPT | -m MODULE) [ARGS...]")
+
+
 _FLAGS = {"--fail-on-none-gradient": "fail_on_none", "--quiet": "quiet",
           "--no-install": "no_install"}
 
@@ -89,7 +94,7 @@ def parse(argv):
                 options.arguments = argv[position + 2:]
             break
         elif argument.startswith("-") and argument != "-":
-            raise command_line.UsageError(f"run: unknown option {argument}; {USAGE}")
+            raise command_line.UsageError(f"run: unknown option {argument}; {usage()}")
         else:
             options.script = argument
             options.arguments = argv[position + 1:]
@@ -101,7 +106,7 @@ def parse(argv):
 
 def _check_target(options):
     if options.script is None and options.module is None:
-        raise command_line.UsageError(f"run: no script given; {USAGE}")
+        raise command_line.UsageError(f"run: no script given; {usage()}")
     if options.script is not None:
         try:
             script_runner.check_script(options.script)
@@ -137,7 +142,7 @@ def run(argv):
     try:
         options = parse(argv)
     except HelpRequested:
-        print(f"{USAGE}\n\n{__doc__.split(chr(10) + chr(10), 1)[1]}", end="")
+        print(f"{usage()}\n\n{__doc__.split(chr(10) + chr(10), 1)[1]}", end="")
         return command_line.EXIT_PASSED
     if options.json is not None:
         command_line.check_output_path(_json_path(options.json), "--json")

@@ -7,8 +7,9 @@ watches for the script's first `import tensorflow` (`tfdtape.import_hook`)
 and does its work right after TensorFlow's `__init__` has run, before that
 import statement returns. If TensorFlow was imported before the run began
 (by a `sitecustomize`, say), the work happens at once, before the script.
-If tfdtape cannot go into that TensorFlow (an unsupported release, another
-library's patch), the run ends there: one line on stderr, exit status 2.
+If tfdtape cannot go into that TensorFlow (an untested release without the
+opt-in of `tfdtape.release_policy`, another library's patch), the run ends
+there: one line on stderr, exit status 2.
 """
 
 import contextlib
@@ -18,6 +19,7 @@ import sys
 
 from tfdtape import command_line
 from tfdtape import import_hook
+from tfdtape import release_policy
 from tfdtape import script_runner
 
 UNSEEN_IMPORT_NOTE = (
@@ -65,7 +67,9 @@ class RunRecording:
 
     def _tensorflow_arrived(self):
         try:
-            command_line.check_release(sys.modules["tensorflow"])
+            tensorflow = command_line.check_release(sys.modules["tensorflow"])
+            if not self._observe_stock:
+                _check_policy(tensorflow.__version__)
             self._put_in()
         except command_line.UsageError as error:
             _stop_the_run(f"tfdtape: {error}")
@@ -95,6 +99,17 @@ class RunRecording:
                 str(error).removeprefix("tfdtape: ")) from None
         finally:
             log.disabled = quiet_before
+
+
+def _check_policy(version):
+    """Raises UsageError if the release policy refuses TensorFlow `version`
+    (checked before tfdtape's TensorFlow-facing modules are imported)."""
+    try:
+        refusal = release_policy.refusal(version)
+    except ValueError as error:  # an unreadable opt-in
+        refusal = str(error)
+    if refusal:
+        raise command_line.UsageError(refusal.removeprefix("tfdtape: "))
 
 
 def _stop_the_run(line):

@@ -1,14 +1,16 @@
-"""`tfdtape.trace()`: a record of every watch decision tfdtape makes.
+"""Where tfdtape's tape functions report what they do: the open sinks.
 
-While a trace is open, tfdtape's tape functions report each decision here:
+While a sink is open, tfdtape's tape functions report each decision here:
 explicit watches (`GradientTape.watch` -> `tape.watch_variable`) and
 automatic ones (reads -> `tape.variable_accessed`), and its
 `GradientTape.gradient` reports each gradient call. With nothing open the
 only cost on the hot path is reading the module global `active`.
 
-What receives the reports is a sink: a `Trace` keeps every watch event;
-`tfdtape.recorder.Recorder` (behind `python -m tfdtape run`) only counts
-them. `open_sink` / `close_sink` attach and detach one.
+What receives the reports is a sink: a `tfdtape.traces.Trace` (behind
+`tfdtape.trace()`) keeps every watch event; `tfdtape.recorder.Recorder`
+(behind `python -m tfdtape run`) only counts them. `open_sink` /
+`close_sink` attach and detach one. This module reports; it does not know
+whether tfdtape is installed (`tfdtape.traces` asks `tfdtape.patching`).
 
 TensorFlow's C++ eager fast path marks a plain (non-distributed)
 `ResourceVariable` passed straight into an op, as in `tf.multiply(2.0, v)`,
@@ -16,7 +18,6 @@ as read without calling the Python tape functions, so such reads are not
 recorded; reads of distributed variables always are.
 """
 
-import contextlib
 import dataclasses
 import os
 import threading
@@ -27,8 +28,6 @@ from tensorflow.python.framework import ops
 from tensorflow.python.framework import tensor_util
 
 from tfdtape import compat
-from tfdtape import errors
-from tfdtape import keras_variables
 
 # Kept across importlib.reload, so a reload does not drop open traces. A
 # tuple, replaced whole under the lock, so reporting reads it without one.
@@ -97,91 +96,6 @@ class GradientEvent:
     totals: Tuple[Tuple[object, int], ...]
     location: str
     context: str
-
-
-class Trace:
-    """The events recorded while a `trace()` block was open, in order.
-
-    Attributes:
-        events: the WatchEvents.
-        complete: False once tfdtape was uninstalled while the trace was
-            open: decisions TensorFlow's own functions took then are missing.
-    """
-
-    def __init__(self):
-        self.events = []
-        self.complete = True
-
-    def add_event(self, event):
-        """Keeps a WatchEvent (list.append is atomic: no lock needed)."""
-        self.events.append(event)
-
-    def add_gradient(self, event):
-        """Gradient calls are not part of a trace."""
-        del event
-
-    def report(self):
-        """A readable table: one row per event, what was watched and where."""
-        rows = [("kind", "variable", "shape", "context", "replica",
-                 "watched", "devices")]
-        for event in self.events:
-            rows.append((
-                event.kind, _name(event.variable),
-                str(getattr(event.variable, "shape", "?")),
-                event.context,
-                "-" if event.replica_id is None else str(event.replica_id),
-                ", ".join(f"{type(w).__name__} {_name(w)}" for w in event.resolved),
-                ", ".join(_short_device(w) for w in event.resolved)))
-        widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-        table = "\n".join("  ".join(cell.ljust(width) for cell, width
-                                    in zip(row, widths)).rstrip()
-                          for row in rows)
-        if self.complete:
-            return table
-        return (f"{INCOMPLETE_NOTE}\n{table}")
-
-
-def _name(value):
-    return keras_variables.label(value)
-
-
-def _short_device(value):
-    device = str(getattr(value, "device", "") or "?")
-    return device.split("device:")[-1]
-
-
-@contextlib.contextmanager
-def trace():
-    """Records every watch decision made inside the block, from any thread.
-
-    Only tfdtape's tape functions report decisions, so a trace needs tfdtape
-    installed; it does not install tfdtape itself, which would change the
-    program it observes.
-
-    Yields:
-        the `Trace` whose `events` fill in as decisions are made.
-
-    Raises:
-        RuntimeError: tfdtape is not installed.
-    """
-    from tfdtape import patching  # pylint: disable=g-import-not-at-top
-    if not patching.is_installed():
-        found, remedy = (
-            ("TensorFlow's own, observed as stock", NO_INSTALL_REMEDY)
-            if observing_stock else
-            ("TensorFlow's own, which report nothing",
-             "Call tfdtape.install() first (`import tfdtape` does, unless "
-             "TFDTAPE_AUTOINSTALL=0)"))
-        raise RuntimeError(errors.message(
-            "cannot open a trace: tfdtape is not installed", "tfdtape.trace",
-            "tfdtape's tape functions in TensorFlow, which report each watch "
-            "decision", found, remedy))
-    recording = Trace()
-    open_sink(recording)
-    try:
-        yield recording
-    finally:
-        close_sink(recording)
 
 
 INCOMPLETE_NOTE = ("note: tfdtape was uninstalled while this was recording; "

@@ -102,7 +102,9 @@ def summary_lines(results, environment):
         f"{passed}/{len(results)} checks passed"
         + ("" if passed == len(results) else
            f"; failing: {', '.join(r.check.name for r in results if r.status != PASS)}"),
-        f"TensorFlow {environment['tensorflow']}, Python {environment['python']}",
+        f"TensorFlow {environment['tensorflow']}"
+        + (" (untested)" if environment.get("tensorflow_untested") else "")
+        + f", Python {environment['python']}",
         f"devices: {len(devices)} logical CPUs, {devices[0]} to {devices[-1]}",
         f"TensorFlow's native resolver: {environment['native_resolution']}",
         "A check passes when tfdtape and tfdtape_alone observe the expected "

@@ -48,6 +48,9 @@ def run(args, argv):
         if path is not None:
             command_line.check_output_path(path, option)
     tf = command_line.import_tensorflow()
+    command_line.import_internals(tf, "checks", "testing", "verify")
+    from tfdtape import release_policy  # pylint: disable=g-import-not-at-top
+    release_policy.accept_untested()  # checking a build is verify's job
     checks = _selected_checks(args.only)
     if args.list:
         for check in checks:
@@ -71,8 +74,8 @@ def _selected_checks(only):
     unknown = [name for name in names if name not in by_name]
     if unknown:
         raise command_line.UsageError(
-            f"unknown check {', '.join(unknown)}; `python -m tfdtape verify "
-            "--list` lists them")
+            f"unknown check {', '.join(unknown)}; "
+            f"`{command_line.program_name()} verify --list` lists them")
     return [by_name[name] for name in names]
 
 
@@ -96,6 +99,12 @@ def _run_checks(tf, checks, devices, args):
     from tfdtape import testing  # pylint: disable=g-import-not-at-top
     tf.get_logger().setLevel("ERROR")  # retracing and eager-strategy advice
     strategy = tf.distribute.MirroredStrategy(devices)
+    from tfdtape import versions  # pylint: disable=g-import-not-at-top
+    untested = versions.untested_reason(tf.__version__)
+    if untested:  # two lines, each within WIDTH
+        print(f"TensorFlow {tf.__version__}: untested ({untested})\n"
+              f"tested: {versions.TESTED_RANGE_TEXT}; verify runs every "
+              "check anyway", flush=True)
     name_width = max(len(check.name) for check in checks)
     results = []
     for check in checks:
@@ -104,6 +113,7 @@ def _run_checks(tf, checks, devices, args):
                                  verbose=args.verbose), flush=True)
     environment = {
         "tensorflow": tf.__version__,
+        "tensorflow_untested": versions.untested_reason(tf.__version__),
         "python": _python_version(),
         "devices": devices,
         "native_resolver": testing.native_resolver_is_registered(),

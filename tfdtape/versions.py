@@ -2,7 +2,10 @@
 
 `setup.py` builds its extras from `TENSORFLOW_REQUIREMENT`, and `install()`
 checks the running TensorFlow against the same bounds, so the two cannot
-disagree. This module must not import TensorFlow.
+disagree. Final releases inside the bounds are the tested ones; any other
+TensorFlow (older, newer, a development build or a pre-release) is untested,
+and `install()` refuses it unless TFDTAPE_ALLOW_UNTESTED_TENSORFLOW=1 (see
+`tfdtape.patching`). This module must not import TensorFlow.
 """
 
 import re
@@ -11,10 +14,10 @@ RELEASE = "0.1.0"
 """This tfdtape release."""
 
 MINIMUM_TENSORFLOW = (2, 12)
-"""Oldest supported TensorFlow release (major, minor), inclusive."""
+"""Oldest tested TensorFlow release (major, minor), inclusive."""
 
 BEYOND_TENSORFLOW = (2, 22)
-"""First TensorFlow release (major, minor) not yet supported, exclusive."""
+"""First TensorFlow release (major, minor) not yet tested, exclusive."""
 
 TENSORFLOW_REQUIREMENT = ">={}.{},<{}.{}".format(*MINIMUM_TENSORFLOW,
                                                    *BEYOND_TENSORFLOW)
@@ -33,6 +36,32 @@ def parse_release(version):
     return int(match.group(1)), int(match.group(2))
 
 
-def is_supported(version):
-    """True when the TensorFlow `version` string lies in the supported range."""
-    return MINIMUM_TENSORFLOW <= parse_release(version) < BEYOND_TENSORFLOW
+def untested_reason(version):
+    """Why the TensorFlow `version` string is not a release tfdtape was tested
+    on ('a development build', 'newer than the tested range', ...), or None
+    for a final release inside MINIMUM_TENSORFLOW .. BEYOND_TENSORFLOW.
+    """
+    try:
+        release = parse_release(version)
+    except ValueError:
+        return "not a release number"
+    reasons = []
+    if re.search(r"dev|nightly", version):
+        reasons.append("a development build")
+    elif not re.fullmatch(r"\d+\.\d+\.\d+", version):
+        reasons.append("a pre-release")
+    if release < MINIMUM_TENSORFLOW:
+        reasons.append("older than the tested range")
+    elif release >= BEYOND_TENSORFLOW:
+        reasons.append("newer than the tested range")
+    return ", ".join(reasons) or None
+
+
+def is_tested(version):
+    """True when the TensorFlow `version` string is a final release inside
+    the tested range."""
+    return untested_reason(version) is None
+
+
+TESTED_RANGE_TEXT = f"final releases {TENSORFLOW_REQUIREMENT}"
+"""The tested range, in words for messages."""

@@ -1,14 +1,21 @@
-"""Runs tfdtape's tests and `verify` on every supported tensorflow-cpu release.
+"""Runs tfdtape's tests and `verify` on tensorflow-cpu releases and on the
+pinned nightly builds.
 
-For each release (by default the newest patch of every minor release in
-tfdtape's supported range that pip can install here), it creates an isolated
-virtual environment, installs that tensorflow-cpu and tfdtape, runs the test
-suite and `python -m tfdtape verify --json`, and writes the table of results
-to docs/compatibility.md.
+For each build (by default the newest patch of every minor release in
+tfdtape's tested range that pip can install here; `--nightly` adds the pinned
+tf-nightly, keras-nightly and tf-keras-nightly builds of NIGHTLY), it creates
+an isolated virtual environment, installs that TensorFlow and tfdtape, runs
+the test suite and `python -m tfdtape verify --json`, and updates the table
+of results in docs/compatibility.md: the rows of the builds checked are
+replaced, each naming the commit it was checked on, and the others are kept.
+
+The nightly build is untested by definition, so its tests run with
+TFDTAPE_ALLOW_UNTESTED_TENSORFLOW=1. If the registry no longer serves one of
+its pinned builds, it is skipped with one line saying so, not failed.
 
 Usage:
-  python tools/matrix.py [--versions 2.12.1 2.21.0] [--workdir DIR]
-                         [--output docs/compatibility.md]
+  python tools/matrix.py [--versions 2.12.1 2.21.0] [--nightly]
+                         [--workdir DIR] [--output docs/compatibility.md]
 """
 
 import argparse
@@ -32,9 +39,44 @@ PYTEST_SUMMARY = re.compile(r"^=*\s*(\d+ (?:passed|failed|error).*?) in [\d.]+s"
                             re.MULTILINE)
 
 
+NIGHTLY_NAME = "tf-nightly 2.23.0.dev20261026"
+NIGHTLY = (["tf-nightly==2.23.0.dev20261026",
+            "keras-nightly==3.16.0.dev2026102704"],
+           ["tf-keras-nightly==2.23.0.dev2026102618"])
+"""The pinned nightly builds: (installed with their dependencies, installed
+without), so that a run is reproducible."""
+
+NOT_SERVED = re.compile(r"No matching distribution found for (\S+)")
+
+
+@dataclasses.dataclass(frozen=True)
+class Build:
+    """One TensorFlow to check: its table row name, what pip installs (with
+    dependencies, then without), and whether it is an untested build."""
+    name: str
+    requirements: tuple
+    requirements_without_dependencies: tuple = ()
+    untested: bool = False
+
+
+def release_build(version):
+    """tensorflow-cpu==version, with Keras 2 (tf_keras) from 2.16 on: it
+    requires the `tensorflow` distribution, so it goes in without deps."""
+    major, minor = versions.parse_release(version)
+    keras_2 = ((f"tf_keras~={major}.{minor}.0",) if (major, minor) >= (2, 16)
+               else ())
+    return Build(version, (f"tensorflow-cpu=={version}",), keras_2)
+
+
+def nightly_build():
+    with_dependencies, without = NIGHTLY
+    return Build(NIGHTLY_NAME, tuple(with_dependencies), tuple(without),
+                 untested=True)
+
+
 @dataclasses.dataclass
 class Outcome:
-    """What one TensorFlow release gave."""
+    """What one TensorFlow build gave."""
     version: str
     installed: str = "not tried"
     tests: str = "not run"
@@ -44,7 +86,7 @@ class Outcome:
 
 
 def available_releases():
-    """Newest patch of each minor release pip offers in the supported range."""
+    """Newest patch of each minor release pip offers in the tested range."""
     listing = subprocess.run(
         [sys.executable, "-m", "pip", "index", "versions", "tensorflow-cpu"],
         capture_output=True, text=True, check=True).stdout
@@ -53,7 +95,7 @@ def available_releases():
     for version in found:
         if not re.fullmatch(r"\d+\.\d+\.\d+", version):
             continue  # pre-releases and post-releases
-        if not versions.is_supported(version):
+        if not versions.is_tested(version):
             continue
         release = versions.parse_release(version)
         key = tuple(int(part) for part in version.split("."))
@@ -87,37 +129,41 @@ def snapshot(workdir):
     return source
 
 
-def check_release(version, workdir, source):
-    """Installs tensorflow-cpu==version in a fresh venv and runs everything
-    from the `source` tree."""
-    outcome = Outcome(version)
+def check_build(build, workdir, source):
+    """Installs `build` in a fresh venv and runs everything from the
+    `source` tree."""
+    outcome = Outcome(build.name)
     started = time.monotonic()
-    env_dir = workdir / f"tf-{version}"
-    log = workdir / f"tf-{version}.log"
+    slug = re.sub(r"[^\w.]+", "-", build.name)
+    env_dir = workdir / f"tf-{slug}"
+    log = workdir / f"tf-{slug}.log"
     log.write_text("")
     venv.create(env_dir, with_pip=True, clear=True)
     python = env_dir / "bin" / "python"
-    install = run([python, "-m", "pip", "install", "-q",
-                   f"tensorflow-cpu=={version}"], log)
-    if install.returncode == 0:
-        install = run([python, "-m", "pip", "install", "-q", "-e",
-                       f"{source}[test]"], log)
-    if install.returncode == 0 and versions.parse_release(version) >= (2, 16):
-        # Keras 2 for TensorFlow 2.16+, beside tensorflow-cpu: tf_keras
-        # requires the `tensorflow` distribution, so it goes in without deps.
-        major, minor = versions.parse_release(version)
-        install = run([python, "-m", "pip", "install", "-q", "--no-deps",
-                       f"tf_keras~={major}.{minor}.0"], log)
+    steps = [[*build.requirements], ["-e", f"{source}[test]"]]
+    if build.requirements_without_dependencies:
+        steps.append(["--no-deps", *build.requirements_without_dependencies])
+    for step in steps:
+        install = run([python, "-m", "pip", "install", "-q", *step], log)
+        if install.returncode != 0:
+            break
     outcome.installed = "yes" if install.returncode == 0 else "failed"
     if install.returncode != 0:
-        outcome.notes.append(f"pip failed, see {log.name}")
+        missing = NOT_SERVED.findall(log.read_text())
+        if missing:
+            outcome.installed = "not served"
+            outcome.notes.append(f"the registry no longer serves {missing[0]}")
+        else:
+            outcome.notes.append(f"pip failed, see {log.name}")
         return outcome
     env = {"TF_CPP_MIN_LOG_LEVEL": "3", "PATH": f"{env_dir / 'bin'}:/usr/bin:/bin"}
+    if build.untested:
+        env["TFDTAPE_ALLOW_UNTESTED_TENSORFLOW"] = "1"
     tests = run([python, "-m", "pytest", "-q", "-p", "no:cacheprovider",
                  str(source / "tests")], log, cwd=source, env=env)
     summary = PYTEST_SUMMARY.findall(log.read_text())
     outcome.tests = summary[-1] if summary else f"exit {tests.returncode}"
-    report_path = workdir / f"tf-{version}-verify.json"
+    report_path = workdir / f"tf-{slug}-verify.json"
     verify = run([python, "-m", "tfdtape", "verify", "--json", str(report_path)],
                  log, cwd=source, env=env)
     if report_path.exists() and verify.returncode in (0, 1):
@@ -134,56 +180,107 @@ def check_release(version, workdir, source):
     return outcome
 
 
+TABLE_HEADER = "| TensorFlow | commit | install | tests | verify | notes |"
+
+
 def write_table(outcomes, output, commit):
+    """Writes the table to `output`: the rows of `outcomes` (checked on
+    `commit`) replace those of the same builds, other rows are kept."""
+    rows = {}
+    if output.exists():
+        for line in output.read_text(encoding="utf-8").splitlines():
+            cells = line.split(" | ")
+            if line.startswith("| ") and len(cells) == 6 and "---" not in line \
+                    and line != TABLE_HEADER:
+                rows[cells[0].removeprefix("| ")] = line
+    for outcome in outcomes:
+        notes = "; ".join(outcome.notes).replace("|", "\\|") or "-"
+        rows[outcome.version] = (
+            f"| {outcome.version} | {commit} | {outcome.installed} | "
+            f"{outcome.tests} | {outcome.verify} | {notes} |")
     lines = [
         "# Compatibility",
         "",
         "Generated by `python tools/matrix.py` (do not edit by hand): for each",
-        "tensorflow-cpu release, a fresh virtual environment on Python "
+        "TensorFlow build, a fresh virtual environment on Python "
         f"{sys.version.split()[0]}, the",
-        "test suite (`pytest tests`) and `python -m tfdtape verify`, all on the",
-        f"committed tree ({commit}).",
+        "test suite (`pytest tests`) and `python -m tfdtape verify`, on the",
+        "committed tree named in the row. Releases are tensorflow-cpu with",
+        "tf_keras from 2.16; the nightly row is the pinned tf-nightly,",
+        "keras-nightly and tf-keras-nightly builds of `tools/matrix.py`, run",
+        "with TFDTAPE_ALLOW_UNTESTED_TENSORFLOW=1.",
         "",
-        "| tensorflow-cpu | install | tests | verify | notes |",
-        "|---|---|---|---|---|",
+        TABLE_HEADER,
+        "|---|---|---|---|---|---|",
+        *sorted(rows.values(), key=_row_order),
     ]
-    for outcome in outcomes:
-        notes = "; ".join(outcome.notes).replace("|", "\\|") or "-"
-        lines.append(f"| {outcome.version} | {outcome.installed} | "
-                     f"{outcome.tests} | {outcome.verify} | {notes} |")
     output.write_text("\n".join(lines) + "\n", encoding="utf-8")
+
+
+def _row_order(row):
+    """Releases by version number, then the nightly builds."""
+    name = row.split(" | ")[0].removeprefix("| ")
+    if re.fullmatch(r"[\d.]+", name):
+        return (0, tuple(int(part) for part in name.split(".")), "")
+    return (1, (), name)
+
+
+def passed(outcome):
+    """Whether a build's row counts as a pass (a nightly the registry no
+    longer serves is skipped, not failed)."""
+    if outcome.installed == "not served":
+        return True
+    checks_passed, _, checks_run = outcome.verify.partition("/")
+    return (outcome.verify.endswith(" passed") and
+            checks_run.split()[0] == checks_passed and
+            " passed" in outcome.tests and "failed" not in outcome.tests and
+            "error" not in outcome.tests)
 
 
 def main(argv):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--versions", nargs="+",
+    parser.add_argument("--versions", nargs="*",
                         help="releases to check (default: newest patch of "
-                             "each supported minor release)")
+                             "each tested minor release; none with --nightly "
+                             "alone)")
+    parser.add_argument("--nightly", action="store_true",
+                        help="also check the pinned nightly builds")
     parser.add_argument("--workdir", type=pathlib.Path,
                         default=pathlib.Path("/tmp/tfdtape-matrix"))
     parser.add_argument("--output", type=pathlib.Path,
                         default=ROOT / "docs" / "compatibility.md")
     args = parser.parse_args(argv)
-    releases = args.versions or available_releases()
-    unsupported = [v for v in releases if not versions.is_supported(v)]
-    if unsupported:
-        parser.error(f"outside {versions.TENSORFLOW_REQUIREMENT}: "
-                     f"{', '.join(unsupported)}")
+    if args.versions is None:
+        releases = [] if args.nightly else available_releases()
+    else:
+        releases = args.versions
+    untested = [v for v in releases if not versions.is_tested(v)]
+    if untested:
+        parser.error(f"not tested releases ({versions.TESTED_RANGE_TEXT}): "
+                     f"{', '.join(untested)}; --nightly checks the nightly "
+                     "builds")
+    builds = [release_build(version) for version in releases]
+    if args.nightly:
+        builds.append(nightly_build())
     args.workdir.mkdir(parents=True, exist_ok=True)
     commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short",
                              "HEAD"], capture_output=True, text=True,
                             check=True).stdout.strip()
     source = snapshot(args.workdir)
     outcomes = []
-    for version in releases:
-        outcome = check_release(version, args.workdir, source)
-        print(f"{version}: install {outcome.installed}, tests {outcome.tests}, "
-              f"verify {outcome.verify} ({outcome.minutes:.1f} min)", flush=True)
+    for build in builds:
+        outcome = check_build(build, args.workdir, source)
+        if outcome.installed == "not served":
+            print(f"{build.name}: skipped: {outcome.notes[0]}", flush=True)
+        else:
+            print(f"{build.name}: install {outcome.installed}, tests "
+                  f"{outcome.tests}, verify {outcome.verify} "
+                  f"({outcome.minutes:.1f} min)", flush=True)
         outcomes.append(outcome)
-    write_table(outcomes, args.output, commit)
+    write_table([o for o in outcomes if o.installed != "not served"],
+                args.output, commit)
     print(f"wrote {args.output}")
-    return 0 if all(o.verify.endswith("passed") and "failed" not in o.tests
-                    for o in outcomes) else 1
+    return 0 if all(map(passed, outcomes)) else 1
 
 
 if __name__ == "__main__":

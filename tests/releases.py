@@ -1,0 +1,29 @@
+"""What each TensorFlow release does where a test pins a control's
+behaviour (the exception stock or pre-seed TensorFlow raises), stated per
+release instead of assumed."""
+
+import tensorflow as tf
+
+from tfdtape import versions
+
+RELEASE = versions.parse_release(tf.__version__)
+"""The running TensorFlow as (major, minor); a nightly counts as its release."""
+
+HANDLE_UNAVAILABLE = ("DistributedVariable.handle is not available outside "
+                      "the replica context")
+C_CALL_FAILED = "returned a result with an exception set"
+
+
+def unresolved_container_error(call):
+    """(exception type, start of its message) that TensorFlow's C tape raises
+    when `call` ("watch_variable", "variable_accessed" or
+    "variables_accessed") hands it a distributed container in cross-replica
+    context with no resolver in between (pre_seed).
+
+    Up to 2.22 each call leaves the handle ValueError set inside the C call,
+    which Python reports as SystemError. From 2.23 TFE_Py_TapeWatchVariable
+    raises that ValueError itself; the read calls still give SystemError.
+    """
+    if call == "watch_variable" and RELEASE >= (2, 23):
+        return ValueError, HANDLE_UNAVAILABLE
+    return SystemError, f"<built-in method "
