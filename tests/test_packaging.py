@@ -24,9 +24,19 @@ ENVIRONMENT = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
 ENVIRONMENT.pop("TF_CONFIG", None)
 
 
+UNTRACKED = ("*.egg-info", "__pycache__", ".pytest_cache", ".venv", ".matrix",
+             "bazel-*", "build", "dist", "reports")
+"""What .gitignore keeps out of a clone, for a tree that is not a git one."""
+
+
 def checkout_of_repository(destination):
-    """Copies what a clean clone holds (tracked files, and new files git
-    does not ignore) of the working tree to `destination`."""
+    """Copies what a clean clone holds to `destination`: git's tracked files
+    and new files it does not ignore, or, outside a git work tree (such as
+    tools/matrix.py's snapshot of HEAD), the tree less UNTRACKED."""
+    if not (REPOSITORY / ".git").exists():
+        shutil.copytree(REPOSITORY, destination, dirs_exist_ok=True,
+                        ignore=shutil.ignore_patterns(*UNTRACKED))
+        return destination
     listed = subprocess.run(
         ["git", "-C", str(REPOSITORY), "ls-files", "-z", "--cached", "--others",
          "--exclude-standard"], capture_output=True, check=True).stdout

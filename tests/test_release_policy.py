@@ -192,6 +192,7 @@ def test_verify_on_an_untested_release_runs_every_check(tmp_path):
                         "replica_context_eager", "--only", "cross_replica_watch",
                         "--json", str(report)], environment)
     assert completed.returncode == 0, completed.stderr
+    assert tfdtape_lines(completed.stderr) == []  # the header says it all
     lines = completed.stdout.splitlines()
     assert lines[:2] == [
         f"TensorFlow {NIGHTLY}: untested (a development build, newer than "

@@ -182,7 +182,8 @@ def _install_locked():
     log.info("tfdtape: installed into TensorFlow %s, replacing %s", version,
              ", ".join(target.symbol for target, _ in pending))
     untested = release_policy.untested_line(version)
-    if untested and not _state.untested_logged:
+    if (untested and not _state.untested_logged and
+            not release_policy.reported_elsewhere()):
         _state.untested_logged = True
         log.warning("tfdtape: installed although %s. Run `python -m tfdtape "
                     "verify` to check the patch on this build", untested)

@@ -21,9 +21,16 @@ _accepted_here = globals().get("_accepted_here", False)
 
 
 def accept_untested():
-    """Accepts an untested TensorFlow in this process, as the opt-in would."""
+    """Accepts an untested TensorFlow in this process, as the opt-in would,
+    for a caller that reports the release as untested itself (so install()
+    logs no WARNING)."""
     global _accepted_here
     _accepted_here = True
+
+
+def reported_elsewhere():
+    """Whether `accept_untested()` was called: its caller tells the user."""
+    return _accepted_here
 
 
 def untested_accepted():

@@ -135,8 +135,10 @@ def check_build(build, workdir, source):
     outcome = Outcome(build.name)
     started = time.monotonic()
     slug = re.sub(r"[^\w.]+", "-", build.name)
-    env_dir = workdir / f"tf-{slug}"
-    log = workdir / f"tf-{slug}.log"
+    if not slug.startswith("tf-"):
+        slug = f"tf-{slug}"  # tf-2.12.1, tf-nightly-...
+    env_dir = workdir / slug
+    log = workdir / f"{slug}.log"
     log.write_text("")
     venv.create(env_dir, with_pip=True, clear=True)
     python = env_dir / "bin" / "python"
@@ -163,7 +165,7 @@ def check_build(build, workdir, source):
                  str(source / "tests")], log, cwd=source, env=env)
     summary = PYTEST_SUMMARY.findall(log.read_text())
     outcome.tests = summary[-1] if summary else f"exit {tests.returncode}"
-    report_path = workdir / f"tf-{slug}-verify.json"
+    report_path = workdir / f"{slug}-verify.json"
     verify = run([python, "-m", "tfdtape", "verify", "--json", str(report_path)],
                  log, cwd=source, env=env)
     if report_path.exists() and verify.returncode in (0, 1):
