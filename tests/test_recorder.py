@@ -48,13 +48,19 @@ def test_counts_by_variable_context_and_replica(strategy):
             strategy.run(step)
         v.read_value()  # read with no tape recording: not counted
     snapshot = recorder.snapshot()
+    assert snapshot["variables"] == [
+        {"id": 1, "name": "counted:0", "type": "MirroredVariable",
+         "strategy": "MirroredStrategy"},
+        {"id": 2, "name": "unused:0", "type": "ResourceVariable",
+         "strategy": None}]
     assert snapshot["watched"] == [
-        {"variable": "counted:0", "how": recorder_lib.CONTAINER, "kind": "access",
-         "context": "replica", "replica": replica, "strategy": "MirroredStrategy",
-         "count": 4} for replica in range(4)]
+        {"variable": "counted:0", "id": 1, "how": recorder_lib.CONTAINER,
+         "kind": "access", "context": "replica", "replica": replica,
+         "strategy": "MirroredStrategy", "count": 4} for replica in range(4)]
+    assert snapshot["gradient_calls"] == 8
     (none,) = snapshot["none_gradients"]
-    assert (none["source"], none["reason"], none["context"], none["count"]) == (
-        "unused:0", explaining.NOT_READ, "replica", 8)
+    assert (none["source"], none["id"], none["reason"], none["context"],
+            none["count"]) == ("unused:0", 2, explaining.NOT_READ, "replica", 8)
     assert none["location"].endswith(f"test_recorder.py:{step.__code__.co_firstlineno + 3}")
     assert snapshot["total_derivatives"] == []
 
@@ -106,6 +112,7 @@ def test_memory_does_not_grow_with_steps():
     snapshot = recorder.snapshot()
     assert [w["count"] for w in snapshot["watched"]] == [2000, 2000]  # read, watch
     assert [n["count"] for n in snapshot["none_gradients"]] == [2000]
+    assert len(snapshot["variables"]) == 2
     print(f"the recording holds {after_500} bytes after 500 steps, "
           f"{after_2000} after 2000")
     assert after_2000 - after_500 <= 256, (after_500, after_2000)
@@ -113,3 +120,142 @@ def test_memory_does_not_grow_with_steps():
 
 def test_an_empty_recording_is_the_reports_empty_snapshot():
     assert recorder_lib.Recorder().snapshot() == run_report.EMPTY_SNAPSHOT
+
+
+def test_variables_that_share_a_name_get_rows_of_their_own(strategy):
+    """Two variables called 'kernel' and a MirroredVariable beside its own
+    first component ('shared:0' both): one row each, unique names, the same
+    name in every section."""
+    first, second = tf.Variable(1.0, name="kernel"), tf.Variable(2.0, name="kernel")
+    with strategy.scope():
+        mirrored = tf.Variable(3.0, name="shared")
+    component = mirrored.values[0]
+    with Recording() as recorder:
+        with tf.GradientTape(persistent=True) as tape:
+            # read_value: a plain variable passed straight into an op is read
+            # by TensorFlow's C++ fast path, which tells no Python function.
+            loss = first.read_value() * second.read_value()
+        tape.gradient(loss, [first, second, mirrored, component])
+        with strategy.scope():
+            with tf.GradientTape() as tape:
+                tape.watch(mirrored)
+            tape.gradient(tf.constant(1.0), mirrored)
+    snapshot = recorder.snapshot()
+    assert [(v["id"], v["name"]) for v in snapshot["variables"]] == [
+        (1, "kernel:0 #1"), (2, "kernel:0 #2"),
+        (3, "shared:0 (MirroredVariable)"), (4, "shared:0 (ResourceVariable)")]
+    assert [(w["variable"], w["how"], w["context"]) for w in snapshot["watched"]] == [
+        ("kernel:0 #1", recorder_lib.PLAIN, "no strategy"),
+        ("kernel:0 #2", recorder_lib.PLAIN, "no strategy"),
+        ("shared:0 (MirroredVariable)", recorder_lib.COMPONENTS, "cross-replica")]
+    assert [(n["source"], n["id"]) for n in snapshot["none_gradients"]] == [
+        ("shared:0 (MirroredVariable)", 3), ("shared:0 (MirroredVariable)", 3),
+        ("shared:0 (ResourceVariable)", 4)]
+
+
+def test_a_keras_variable_is_one_row_named_by_its_path(strategy):
+    keras = tf.keras
+    if not hasattr(keras, "Variable") or issubclass(keras.Variable, tf.Variable):
+        import pytest  # pylint: disable=g-import-not-at-top
+        pytest.skip("Keras 3 variables need TensorFlow 2.16+")
+
+    class TwoLayers(keras.Model):  # built at first call, as users write it
+        def __init__(self):
+            super().__init__()
+            self.hidden = keras.layers.Dense(3)
+            self.out = keras.layers.Dense(1)
+
+        def call(self, inputs):
+            return self.out(self.hidden(inputs))
+
+    with strategy.scope():
+        model = TwoLayers()
+        model(tf.ones((1, 2)))
+
+    def step():
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(model(tf.ones((1, 2))))
+        return tape.gradient(loss, model.trainable_variables)
+
+    with Recording() as recorder:
+        strategy.run(step)
+    snapshot = recorder.snapshot()
+    paths = [variable.path for variable in model.trainable_variables]
+    assert len(set(paths)) == 4
+    assert sorted(v["name"] for v in snapshot["variables"]) == sorted(paths)
+    assert {w["variable"] for w in snapshot["watched"]} == set(paths)
+    assert {(w["variable"], w["replica"]) for w in snapshot["watched"]} == {
+        (path, replica) for path in paths for replica in range(4)}
+    assert {w["how"] for w in snapshot["watched"]} == {recorder_lib.CONTAINER}
+
+
+def test_distributed_variables_made_inside_a_tf_function_are_components(strategy):
+    made = []
+
+    @tf.function
+    def step():
+        with strategy.scope():
+            if not made:
+                made.append(tf.Variable(2.0, name="inner"))
+            with tf.GradientTape() as tape:
+                loss = made[0] * made[0]
+            return tape.gradient(loss, made[0])
+
+    with Recording() as recorder:
+        step()
+    snapshot = recorder.snapshot()
+    assert [(v["name"], v["type"]) for v in snapshot["variables"]] == [
+        ("inner:0", "MirroredVariable")]
+    assert {(w["how"], w["context"]) for w in snapshot["watched"]} == {
+        (recorder_lib.COMPONENT, "cross-replica")}
+    assert [(t["source"], t["components"]) for t in snapshot["total_derivatives"]] == [
+        ("inner:0", 4)]
+
+
+def test_warnings_for_what_the_recorder_can_see(strategy):
+    outside = tf.Variable(1.0, name="outside")  # not in strategy.scope()
+    with strategy.scope():
+        inside = tf.Variable(2.0, name="inside")
+
+    def replica_step():
+        with tf.GradientTape() as tape:
+            loss = outside * inside
+        return tape.gradient(loss, [outside, inside])
+
+    with Recording() as recorder:
+        strategy.run(replica_step)
+        with strategy.scope():
+            with tf.GradientTape() as tape:
+                loss = inside * 3.0  # reads one component: one device
+            tape.gradient(loss, inside)
+            try:
+                tf.GradientTape().watch("not a tensor")
+            except tfdtape.NotWatchableError:
+                pass
+    warnings = recorder.snapshot()["warnings"]
+    this_file = os.path.abspath(__file__)
+    read_line = replica_step.__code__.co_firstlineno + 2
+    assert [(w["kind"], w["variable"], w["count"]) for w in warnings] == [
+        (recorder_lib.REPLICA_PLAIN, "outside:0", 4),
+        (recorder_lib.ONE_DEVICE, None, 1),
+        (recorder_lib.REFUSAL, None, 1)]
+    assert warnings[0]["location"] == f"{this_file}:{read_line}"
+    assert warnings[1]["location"].startswith(f"{this_file}:")
+    assert warnings[2]["message"].startswith("tfdtape: cannot watch")
+    assert warnings[2]["location"].startswith(f"{this_file}:")
+
+
+def test_no_warning_for_a_plain_variable_without_several_replicas():
+    one = tf.distribute.OneDeviceStrategy("/cpu:0")
+    outside = tf.Variable(1.0, name="outside")
+
+    def replica_step():
+        with tf.GradientTape() as tape:
+            loss = outside * outside
+        return tape.gradient(loss, outside)
+
+    with Recording() as recorder:
+        one.run(replica_step)
+    snapshot = recorder.snapshot()
+    assert snapshot["warnings"] == []
+    assert [w["how"] for w in snapshot["watched"]] == [recorder_lib.PLAIN]

@@ -42,6 +42,11 @@ class NotWatchableError(TypeError, ValueError):
     `GradientTape.watch` raises ValueError for such input.
     """
 
+    # Exception's own constructor (a message and nothing else): AutoGraph
+    # rebuilds an error raised inside a tf.function only when its type has
+    # it, and would turn this one into a StagingError, no ValueError.
+    __init__ = Exception.__init__
+
 
 def tensorflow_version():
     """The running TensorFlow's version string, or 'unknown' before import."""

@@ -6,7 +6,11 @@ can be neither watched nor differentiated. These versions make both work:
 `watch` hands the variable to `tape.watch_variable`, which resolves it to its
 components, and `gradient` differentiates with respect to those components
 and returns their total. In replica context, and with no strategy, both behave
-as TensorFlow's do.
+as TensorFlow's do. `watch` is wrapped in TensorFlow's `filter_traceback`,
+so its refusals show the user's frames, not tfdtape's
+(`tfdtape.frame_filters`); `gradient` is not, since AutoGraph maps an error
+inside a `tf.function` back to the user's line through the frames it
+leaves in place.
 """
 
 import functools
@@ -26,6 +30,7 @@ from tensorflow.python.ops.unconnected_gradients import UnconnectedGradients
 from tensorflow.python.platform import tf_logging as logging
 from tensorflow.python.util import _pywrap_utils
 from tensorflow.python.util import nest
+from tensorflow.python.util import traceback_utils
 
 from tfdtape import call_sites
 from tfdtape import compat
@@ -40,6 +45,7 @@ _WATCH_SYMBOL = "tf.GradientTape.watch"
 _GRADIENT_SYMBOL = "tf.GradientTape.gradient"
 
 
+@traceback_utils.filter_traceback
 def watch(self, tensor):
     """Ensures that `tensor` (a tensor, variable or nested structure) is traced.
 
@@ -99,11 +105,11 @@ def _watchables(structure):
             found.extend(_watchables(parts))
         else:
             resolution.check_watchable(item, _WATCH_SYMBOL)
-            raise errors.NotWatchableError(errors.message(
+            raise tracing.refused(errors.NotWatchableError(errors.message(
                 "cannot watch this object", _WATCH_SYMBOL,
                 "a tf.Tensor, tf.Variable or ExtensionType",
                 f"an object of type {type(item).__name__}",
-                "Pass tensors or variables to GradientTape.watch"))
+                "Pass tensors or variables to GradientTape.watch")))
     return found
 
 
@@ -121,11 +127,12 @@ def make_gradient(original_gradient):
     def gradient(self, target, sources, output_gradients=None,
                  unconnected_gradients=UnconnectedGradients.NONE):
         recorded = self._tape  # A non-persistent gradient drops it.
-        result, totals = _differentiate(original_gradient, self, target,
-                                        sources, output_gradients,
-                                        unconnected_gradients)
+        result, totals, one_device = _differentiate(
+            original_gradient, self, target, sources, output_gradients,
+            unconnected_gradients)
         if tracing.active:
-            _report(self, recorded, sources, result, totals, sys._getframe(1))  # pylint: disable=protected-access
+            _report(self, recorded, sources, result, totals, one_device,
+                    sys._getframe(1))  # pylint: disable=protected-access
         return result
 
     return gradient
@@ -133,15 +140,17 @@ def make_gradient(original_gradient):
 
 def _differentiate(original_gradient, tape, target, sources, output_gradients,
                    unconnected_gradients):
-    """(gradients, totals): what `gradient` returns, and (source, number of
-    components) for each distributed source whose cross-replica total
-    derivative was summed (not those that came back None)."""
+    """(gradients, totals, one_device): what `gradient` returns; (source,
+    number of components) for each distributed source whose cross-replica
+    total derivative was summed (not those that came back None); and whether
+    every such total came from one component of several (the step ran on one
+    device, as without strategy.run)."""
     flat_sources = nest.flatten(sources)
     if not (any(map(_is_distributed_source, flat_sources)) and
             values_util.get_current_replica_id_as_int() is None):
         return original_gradient(
             tape, target, sources, output_gradients=output_gradients,
-            unconnected_gradients=unconnected_gradients), ()
+            unconnected_gradients=unconnected_gradients), (), False
     flat_variables = [keras_variables.unwrap(source, _GRADIENT_SYMBOL)
                       for source in flat_sources]
     components, spans = _split_distributed_sources(flat_variables)
@@ -154,17 +163,22 @@ def _differentiate(original_gradient, tape, target, sources, output_gradients,
                    in zip(flat_sources, flat_variables, spans, totals)
                    if resolution.is_distributed_variable(variable) and
                    total is not None)
-    return nest.pack_sequence_as(sources, totals), summed
+    taking_part = [sum(gradient is not None for gradient in flat_gradients[start:stop])
+                   for variable, (start, stop) in zip(flat_variables, spans)
+                   if resolution.is_distributed_variable(variable) and
+                   stop - start > 1]
+    one_device = bool(summed) and all(count <= 1 for count in taking_part)
+    return nest.pack_sequence_as(sources, totals), summed, one_device
 
 
-def _report(tape, recorded, sources, result, totals, frame):
+def _report(tape, recorded, sources, result, totals, one_device, frame):
     """Sends a GradientEvent for this call to the open sinks."""
     flat_sources = tuple(nest.flatten(sources))
     reasons = explaining.none_reasons(tape, recorded, flat_sources,
                                       nest.flatten(result))
     tracing.record_gradient(tracing.GradientEvent(
         tuple(reasons), totals, call_sites.caller_location(frame),
-        explaining.context_now()))
+        explaining.context_now(), one_device, flat_sources))
 
 
 def make_push_tape(original_push_tape):
@@ -225,14 +239,14 @@ def _split_distributed_sources(flat_sources):
 def _check_differentiable_across_replicas(variable):
     """Raises ValueError for an ON_READ distributed variable."""
     if variable.synchronization == variables.VariableSynchronization.ON_READ:
-        raise ValueError(errors.message(
+        raise tracing.refused(ValueError(errors.message(
             f"cannot differentiate with respect to {variable.name!r} in "
             "cross-replica context", _GRADIENT_SYMBOL,
             "an ON_WRITE distributed variable such as a MirroredVariable",
             f"an ON_READ {type(variable).__name__}, whose replicas hold "
             "different values",
             "Compute the gradient inside strategy.run, where each replica "
-            "differentiates with respect to its own component"))
+            "differentiates with respect to its own component")))
 
 
 def _total(gradients):

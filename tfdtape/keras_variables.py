@@ -19,6 +19,7 @@ from tensorflow.python.ops import variables
 from tensorflow.python.types import core as core_types
 
 from tfdtape import errors
+from tfdtape import tracing
 
 _variable_types = ()  # The backend's Variable classes, once found.
 
@@ -94,11 +95,11 @@ def wrapped_variable(value, symbol):
         return None
     inner = inner_or_none(value)
     if not isinstance(inner, variables.Variable):
-        raise errors.NotWatchableError(errors.message(
+        raise tracing.refused(errors.NotWatchableError(errors.message(
             f"Keras variable {label(value)!r} has no tf.Variable yet", symbol,
             "a built Keras variable wrapping a tf.Variable",
             f"{type(inner).__name__} in its _value",
-            "Build the layer or model first (call it once, or call build())"))
+            "Build the layer or model first (call it once, or call build())")))
     return inner
 
 

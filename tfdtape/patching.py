@@ -19,6 +19,7 @@ import threading
 import types
 
 from tfdtape import errors
+from tfdtape import frame_filters
 from tfdtape import release_policy
 from tfdtape import targets
 from tfdtape import tracing
@@ -175,6 +176,7 @@ def _install_locked():
         for target, original in reversed(done):
             setattr(target.owner, target.attribute, original)
         raise
+    frame_filters.hide()
     # The stdlib's logger, not absl's: absl's adds a handler to the root
     # logger, which would make the program's own logging.basicConfig() a no-op.
     log = logging.getLogger("tfdtape")
@@ -256,6 +258,7 @@ def _uninstall_locked():
             "then call tfdtape.uninstall() again"))
     for target, current in reversed(ours):
         setattr(target.owner, target.attribute, targets.original_of(current))
+    frame_filters.show()
     tracing.note_uninstalled()
     return True
 

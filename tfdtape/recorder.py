@@ -1,17 +1,31 @@
 """What happened to gradient tapes in a run, counted: the recorder behind
-`python -m tfdtape run`.
+`python -m tfdtape run` and the pytest plugin's report.
 
 A `Recorder` is a sink of `tfdtape.tracing`: it receives every watch
-decision and every `GradientTape.gradient` call, and keeps only counts keyed
-by names and small strings — never a tensor or variable — so its size grows
-with the number of distinct variables and call sites, not with steps.
-`snapshot()` gives everything it counted as plain data, which
-`tfdtape.run_report` turns into the summary and the JSON report.
+decision, every `GradientTape.gradient` call and every refusal of tfdtape's.
+It counts them per *variable* — the object, not its name, so two variables
+that share a name (two Keras layers' `kernel`, a model and its restored copy)
+stay apart, and one variable read as a component and named as a Keras
+variable is one. It never keeps a tensor or a variable alive: variables are
+told apart by weak references, and what it keeps grows with the number of
+distinct variables and call sites, not with steps. `snapshot()` gives
+everything as plain data, which `tfdtape.run_report` turns into the summary
+and the JSON report.
+
+It also notes what deserves a warning: a plain variable read in replica
+context under a strategy of several replicas (each replica reads and
+updates the same variable), a cross-replica gradient that only one
+component took part in (the step ran on one device), and tfdtape's refusals.
 """
 
 import collections
+import sys
 import threading
+import weakref
 
+from tensorflow.python.framework import ops
+
+from tfdtape import call_sites
 from tfdtape import keras_variables
 from tfdtape import resolution
 from tfdtape import tracing
@@ -25,9 +39,97 @@ COMPONENT = "component"
 PLAIN = "plain"
 """A variable that belongs to no distributed container, watched as itself."""
 
+REPLICA_PLAIN = "plain variable in replica context"
+ONE_DEVICE = "cross-replica gradient on one device"
+REFUSAL = "refused by tfdtape"
+WARNING_KINDS = (REPLICA_PLAIN, ONE_DEVICE, REFUSAL)
+"""The kinds of warning a snapshot lists, in report order."""
+
+
+class _Variable:
+    """What the recorder knows of one variable (or, for a tensor source, one
+    kind of tensor): strings only."""
+
+    __slots__ = ("serial", "tf_name", "keras_path", "type_name", "strategy")
+
+    def __init__(self, serial, value):
+        self.serial = serial
+        self.tf_name = str(getattr(value, "name", None) or type(value).__name__)
+        self.keras_path = None
+        self.type_name = type(value).__name__
+        owner = getattr(value, "_distribute_strategy", None)
+        self.strategy = type(owner).__name__ if owner is not None else None
+
+    @property
+    def label(self):
+        """The Keras path where one is known, else the TensorFlow name."""
+        return self.keras_path or self.tf_name
+
+
+class _Variables:
+    """The variables seen so far, told apart by identity.
+
+    A variable is found again through a weak reference kept under its id();
+    a dead reference (the id reused by another object) gives a new entry.
+    Objects without weak references (tensors) are grouped by type and name.
+    """
+
+    def __init__(self):
+        self._by_id = {}
+        self._by_label = {}
+        self.entries = []
+
+    def entry(self, value):
+        """The `_Variable` for `value`, made on first sight."""
+        known = self._by_id.get(id(value))
+        if known is not None and known[0]() is value:
+            return known[1]
+        try:
+            reference = weakref.ref(value)
+        except TypeError:
+            return self._entry_by_label(value)
+        made = _Variable(len(self.entries) + 1, value)
+        self.entries.append(made)
+        self._by_id[id(value)] = (reference, made)
+        return made
+
+    def _entry_by_label(self, value):
+        key = (type(value).__name__, keras_variables.label(value))
+        made = self._by_label.get(key)
+        if made is None:
+            made = self._by_label[key] = _Variable(len(self.entries) + 1, value)
+            self.entries.append(made)
+        return made
+
+    def names(self):
+        """{entry: its unique name}: its label; where several variables share
+        the label, the label and the type for a variable whose type is its
+        own among them (a container beside its first component), else the
+        label and ' #k' (k-th of that label and type, in order of first
+        sight)."""
+        names = {}
+        for label, entries in _grouped(self.entries, lambda e: e.label):
+            if len(entries) == 1:
+                names[entries[0]] = label
+                continue
+            for type_name, alike in _grouped(entries, lambda e: e.type_name):
+                for index, entry in enumerate(alike, start=1):
+                    names[entry] = (f"{label} ({type_name})" if len(alike) == 1
+                                    else f"{label} #{index}")
+        return names
+
+
+def _grouped(entries, key):
+    """[(key, [entries with that key, in order])], keys in order of first sight."""
+    groups = collections.OrderedDict()
+    for entry in entries:
+        groups.setdefault(key(entry), []).append(entry)
+    return list(groups.items())
+
 
 class Recorder:
-    """Counts watch decisions, None gradients and total derivatives."""
+    """Counts watch decisions, gradient calls, None gradients, total
+    derivatives, and what deserves a warning, per variable."""
 
     records_untaped = False
     """Reads while no tape records are no tape's business: not sent here."""
@@ -35,57 +137,126 @@ class Recorder:
     def __init__(self):
         self.complete = True  # False once tfdtape is uninstalled meanwhile.
         self._lock = threading.Lock()
+        self._variables = _Variables()
         self._watches = collections.Counter()
+        self._gradient_calls = 0
         self._none_gradients = collections.Counter()
         self._messages = {}
         self._totals = collections.Counter()
+        self._replica_plain = {}  # entry -> [location of the first read, count]
+        self._one_device = collections.Counter()  # location -> count
+        self._refusals = collections.Counter()  # (first line, location) -> count
 
     def add_event(self, event):
         """Counts one tracing.WatchEvent under (variable, how, kind, context,
         replica, strategy); a read while no tape recorded is no tape's."""
         if not event.taped:
             return
-        how, variable = _how(event.variable, event.resolved)
-        key = (keras_variables.label(variable), how, event.kind, event.context,
-               event.replica_id, event.strategy)
+        row, how, keras = _row_of(event.variable, event.resolved)
         with self._lock:
-            self._watches[key] += 1
+            entry = self._entry(row, keras)
+            self._watches[(entry, how, event.kind, event.context,
+                           event.replica_id, event.strategy)] += 1
+            if how == PLAIN and event.context == "replica":
+                self._note_replica_plain(entry)
 
     def add_gradient(self, event):
-        """Counts the None gradients and total derivatives of one
-        tracing.GradientEvent, by source and call site."""
+        """Counts one tracing.GradientEvent: the call, its None gradients and
+        total derivatives by source and call site."""
         with self._lock:
+            self._gradient_calls += 1
+            for source in event.sources:
+                if keras_variables.is_keras_variable(source):
+                    self._source_entry(source)  # names its variable's row
             for source, reason, message in event.none_reasons:
-                key = (keras_variables.label(source), reason, event.location,
+                key = (self._source_entry(source), reason, event.location,
                        event.context)
                 self._none_gradients[key] += 1
-                self._messages[key] = message
+                self._messages.setdefault(reason, message)
             for source, components in event.totals:
-                key = (keras_variables.label(source), components, event.location)
+                key = (self._source_entry(source), components, event.location)
                 self._totals[key] += 1
+            if event.one_device:
+                self._one_device[event.location] += 1
+
+    def add_refusal(self, event):
+        """Counts one tracing.RefusalEvent (an error tfdtape raised)."""
+        with self._lock:
+            self._refusals[(event.message, event.location)] += 1
+
+    def _entry(self, row, keras):
+        entry = self._variables.entry(row)
+        if keras is not None:
+            entry.keras_path = keras_variables.label(keras)
+        return entry
+
+    def _source_entry(self, source):
+        """The entry of a gradient source: a Keras variable is the variable
+        it wraps, named by its path."""
+        keras = source if keras_variables.is_keras_variable(source) else None
+        inner = (keras_variables.inner_or_none(source) if keras is not None
+                 else source)
+        return self._entry(source if inner is None else inner, keras)
+
+    def _note_replica_plain(self, entry):
+        """Counts a read of the plain variable `entry` in replica context;
+        the first under a strategy of several replicas is located."""
+        noted = self._replica_plain.get(entry)
+        if noted is not None:
+            noted[1] += 1
+        elif _replicas_in_sync() > 1:
+            location = call_sites.caller_location(sys._getframe(1))  # pylint: disable=protected-access
+            self._replica_plain[entry] = [location, 1]
 
     def snapshot(self):
         """Everything counted so far, as JSON-ready lists of dicts."""
         with self._lock:
+            names = self._variables.names()
+            variables = [
+                {"id": entry.serial, "name": names[entry],
+                 "type": entry.type_name, "strategy": entry.strategy}
+                for entry in self._variables.entries]
             watched = [
-                {"variable": variable, "how": how, "kind": kind,
-                 "context": context, "replica": replica, "strategy": strategy,
-                 "count": count}
-                for (variable, how, kind, context, replica, strategy), count
-                in sorted(self._watches.items(), key=_sort_key)]
+                {"variable": names[entry], "id": entry.serial, "how": how,
+                 "kind": kind, "context": context, "replica": replica,
+                 "strategy": strategy, "count": count}
+                for (entry, how, kind, context, replica, strategy), count
+                in sorted(self._watches.items(), key=_watch_order)]
             none_gradients = [
-                {"source": source, "reason": reason, "location": location,
-                 "context": context, "message": self._messages[key],
-                 "count": count}
-                for key, count in sorted(self._none_gradients.items())
-                for source, reason, location, context in [key]]
+                {"source": names[entry], "id": entry.serial, "reason": reason,
+                 "location": location, "context": context,
+                 "message": self._messages[reason], "count": count}
+                for (entry, reason, location, context), count in sorted(
+                    self._none_gradients.items(),
+                    key=lambda item: (item[0][0].serial, *item[0][1:]))]
             totals = [
-                {"source": source, "components": components,
-                 "location": location, "count": count}
-                for (source, components, location), count
-                in sorted(self._totals.items())]
-        return {"complete": self.complete, "watched": watched,
-                "none_gradients": none_gradients, "total_derivatives": totals}
+                {"source": names[entry], "id": entry.serial,
+                 "components": components, "location": location, "count": count}
+                for (entry, components, location), count in sorted(
+                    self._totals.items(),
+                    key=lambda item: (item[0][0].serial, *item[0][1:]))]
+            warnings = self._warnings(names)
+            gradient_calls = self._gradient_calls
+        return {"complete": self.complete, "variables": variables,
+                "watched": watched, "gradient_calls": gradient_calls,
+                "none_gradients": none_gradients, "total_derivatives": totals,
+                "warnings": warnings}
+
+    def _warnings(self, names):
+        warnings = [
+            {"kind": REPLICA_PLAIN, "variable": names[entry], "id": entry.serial,
+             "location": location, "count": count}
+            for entry, (location, count) in sorted(
+                self._replica_plain.items(), key=lambda item: item[0].serial)]
+        warnings += [
+            {"kind": ONE_DEVICE, "variable": None, "id": None,
+             "location": location, "count": count}
+            for location, count in sorted(self._one_device.items())]
+        warnings += [
+            {"kind": REFUSAL, "variable": None, "id": None, "message": message,
+             "location": location, "count": count}
+            for (message, location), count in sorted(self._refusals.items())]
+        return warnings
 
 
 def incomplete_reason(snapshot):
@@ -95,19 +266,36 @@ def incomplete_reason(snapshot):
     return None if snapshot["complete"] else tracing.INCOMPLETE_NOTE
 
 
-def _how(variable, resolved):
-    """(how, the variable to name): how the tape watched `variable`."""
+def _row_of(variable, resolved):
+    """(the variable a decision counts for, how it was watched, the Keras
+    variable that named it or None).
+
+    The row's variable is the distributed container for a container or any
+    of its components, else the variable itself (the tf.Variable a Keras
+    variable wraps).
+    """
+    keras = variable if keras_variables.is_keras_variable(variable) else None
+    inner = keras_variables.unwrap(variable, "tfdtape run")
+    if resolution.is_distributed_variable(inner):
+        watched_whole = len(resolved) == 1 and resolved[0] is inner
+        return inner, CONTAINER if watched_whole else COMPONENTS, keras
     if len(resolved) == 1 and resolution.is_distributed_variable(resolved[0]):
-        return CONTAINER, resolved[0]
-    if resolution.is_distributed_variable(
-            keras_variables.unwrap(variable, "tfdtape run")):
-        return COMPONENTS, variable
-    if resolution.container_of(resolved[0]) is not None:
-        return COMPONENT, resolved[0]
-    return PLAIN, variable
+        return resolved[0], CONTAINER, None  # a replica's read of its component
+    container = resolution.container_of(inner)
+    if container is not None:
+        return container, COMPONENT, None
+    if len(resolved) == 1 and resolved[0] is not inner:
+        return resolved[0], CONTAINER, None  # another strategy's container
+    return inner, PLAIN, keras
 
 
-def _sort_key(item):
-    (variable, how, kind, context, replica, strategy), _ = item
-    return (variable, how, kind, context, -1 if replica is None else replica,
+def _replicas_in_sync():
+    """The current strategy's replica count (1 with none)."""
+    stack = ops.get_default_graph()._distribution_strategy_stack  # pylint: disable=protected-access
+    return stack[-1].strategy.num_replicas_in_sync if stack else 1
+
+
+def _watch_order(item):
+    (entry, how, kind, context, replica, strategy), _ = item
+    return (entry.serial, how, kind, context, -1 if replica is None else replica,
             strategy)

@@ -19,6 +19,7 @@ from tensorflow.python.util import _pywrap_utils
 
 from tfdtape import errors
 from tfdtape import keras_variables
+from tfdtape import tracing
 
 RESOURCE_VARIABLE = resource_variable_ops.ResourceVariable
 CONTAINER_REFERENCE = "_distributed_container"
@@ -87,11 +88,11 @@ def resolve(variable):
     check_watchable(variable, _RESOLVE_SYMBOL)
     if not (_pywrap_utils.IsTensor(variable) or
             _pywrap_utils.IsVariable(variable)):
-        raise errors.NotWatchableError(errors.message(
+        raise tracing.refused(errors.NotWatchableError(errors.message(
             "cannot resolve this object", _RESOLVE_SYMBOL,
             "one tf.Variable, Keras variable or tf.Tensor",
             f"an object of type {type(variable).__name__}",
-            "Resolve each variable of a structure on its own"))
+            "Resolve each variable of a structure on its own")))
     return _resolve_in_context(variable, None, False)
 
 
@@ -138,7 +139,7 @@ def _check_has_replica_component(container, strategy):
     if replica_id is None or replica_id < components:
         return
     owner = container._distribute_strategy  # pylint: disable=protected-access
-    raise errors.NotWatchableError(errors.message(
+    raise tracing.refused(errors.NotWatchableError(errors.message(
         f"variable {container.name!r} belongs to another strategy",
         "tf.GradientTape.watch",
         f"a variable of the current strategy, {_describe_strategy(strategy)}",
@@ -146,7 +147,7 @@ def _check_has_replica_component(container, strategy):
         f"has {components} local components and none for replica "
         f"{replica_id}",
         "Create the variable inside the scope of the strategy whose "
-        "strategy.run uses it"))
+        "strategy.run uses it")))
 
 
 def _describe_strategy(strategy):
@@ -161,12 +162,16 @@ def container_of(variable):
     None for a container itself (which reaches its primary component's
     handle, and so the back-reference, through attribute delegation) and for
     anything that is not a component. Reads the same back-reference as
-    `resolve`, without its fast path.
+    `resolve`, without its fast path: on the handle of a ResourceVariable
+    component, on the component itself where it is no CompositeTensor (the
+    `UnliftedInitializerVariable` components of a distributed variable
+    created inside a `tf.function`).
     """
-    if is_distributed_variable(variable):
+    if is_distributed_variable(variable) or not hasattr(variable, "__dict__"):
         return None
-    handle = vars(variable).get("_handle") if hasattr(variable, "__dict__") else None
-    reference = getattr(handle, "__dict__", {}).get(CONTAINER_REFERENCE)
+    own = vars(variable)
+    reference = (getattr(own.get("_handle"), "__dict__", {}).get(CONTAINER_REFERENCE)
+                 or own.get(CONTAINER_REFERENCE))
     return reference() if reference is not None else None
 
 
@@ -186,16 +191,16 @@ def check_watchable(value, symbol):
         symbol: the API the user called, named in the message.
     """
     if isinstance(value, _REPLICA_VALUE_TYPES) and not is_distributed_variable(value):
-        raise errors.NotWatchableError(errors.message(
+        raise tracing.refused(errors.NotWatchableError(errors.message(
             "cannot watch a per-replica value", symbol,
             "a tf.Variable or tf.Tensor",
             f"a {type(value).__name__} holding one value per replica",
             "Watch the tensor inside strategy.run, where each replica sees "
-            "its own value, or watch the variable it was computed from"))
+            "its own value, or watch the variable it was computed from")))
     if value is None or isinstance(value, (str, bytes, numbers.Number)):
-        raise errors.NotWatchableError(errors.message(
+        raise tracing.refused(errors.NotWatchableError(errors.message(
             "cannot watch a non-tensor", symbol,
             "a tf.Variable or tf.Tensor",
             f"{value!r} of type {type(value).__name__}",
             "Pass a tf.Variable, or convert the value with tf.constant "
-            "first"))
+            "first")))

@@ -14,10 +14,14 @@ Options (before SCRIPT or -m):
                             the TF_CONFIG task, e.g. worker-0 (else "local")
   --fail-on-none-gradient   exit 1 if a source got a None gradient and the
                             script itself succeeded
+  --fail-on-warning         exit 1 if the summary has a warning and the
+                            script itself succeeded
+  --verbose                 list one row per variable and every group
   --quiet                   no summary on stderr
   --no-install              leave TensorFlow stock and record what it does
 """
 
+import functools
 import json
 import os
 import sys
@@ -30,12 +34,13 @@ from tfdtape import script_runner
 def usage():
     """The usage line, with the program named as the user started it."""
     return (f"usage: {command_line.program_name()} run [--json PATH] "
-            "[--fail-on-none-gradient] [--quiet] [--no-install] "
-            "(SCRIPT | -m MODULE) [ARGS...]")
+            "[--fail-on-none-gradient] [--fail-on-warning] [--verbose] "
+            "[--quiet] [--no-install] (SCRIPT | -m MODULE) [ARGS...]")
 
 
-_FLAGS = {"--fail-on-none-gradient": "fail_on_none", "--quiet": "quiet",
-          "--no-install": "no_install"}
+_FLAGS = {"--fail-on-none-gradient": "fail_on_none",
+          "--fail-on-warning": "fail_on_warning", "--verbose": "verbose",
+          "--quiet": "quiet", "--no-install": "no_install"}
 
 
 class HelpRequested(Exception):
@@ -48,6 +53,8 @@ class Options:
     def __init__(self):
         self.json = None
         self.fail_on_none = False
+        self.fail_on_warning = False
+        self.verbose = False
         self.quiet = False
         self.no_install = False
         self.script = None
@@ -163,24 +170,40 @@ def run(argv):
         return status
     snapshot, incomplete_reason = recording.snapshot()
     command = ([options.script] if options.script else ["-m", options.module])
-    report = run_report.build(
-        snapshot, command + options.arguments, status,
+    run_status, reason = _run_status(options, status, snapshot)
+    build = functools.partial(
+        run_report.build, snapshot, command + options.arguments, status,
         installed=not options.no_install, task=task_of_config(),
         incomplete_reason=incomplete_reason)
+    report = build(run_exit_status=run_status, run_exit_reason=reason)
+    written = options.json is None or _write_json(
+        os.path.join(working_directory, _json_path(options.json)), report)
+    if not written and status == 0:  # said in one line already
+        report = build(run_exit_status=command_line.EXIT_UNUSABLE,
+                       run_exit_reason="the --json report could not be written")
     script_runner.write_quietly(sys.stdout, "")  # the script's output first
     if not options.quiet:
         script_runner.write_quietly(
-            sys.stderr, run_report.summary(report, relative_to=working_directory)
-            + "\n")
-    written = options.json is None or _write_json(
-        os.path.join(working_directory, _json_path(options.json)), report)
+            sys.stderr, run_report.summary(report, relative_to=working_directory,
+                                           verbose=options.verbose) + "\n")
     if interrupted:
         _end_interrupted()
-    if status == 0 and not written:
-        return command_line.EXIT_UNUSABLE
-    if status == 0 and options.fail_on_none and report["none_gradients"]:
-        return command_line.EXIT_FAILED
-    return status
+    return report["run_exit_status"]
+
+
+def _run_status(options, status, snapshot):
+    """(the run's exit status, why it is not the script's) or (None, None)
+    when it is the script's."""
+    if status != 0:
+        return None, None
+    if options.fail_on_none and snapshot["none_gradients"]:
+        count = sum(item["count"] for item in snapshot["none_gradients"])
+        return command_line.EXIT_FAILED, (
+            f"--fail-on-none-gradient, and {count} None gradients")
+    if options.fail_on_warning and snapshot["warnings"]:
+        return command_line.EXIT_FAILED, (
+            f"--fail-on-warning, and {len(snapshot['warnings'])} warnings")
+    return None, None
 
 
 def _write_json(path, report):

@@ -88,7 +88,12 @@ class RunRecording:
             self._cleanup.enter_context(observers.observe_stock())
             return
         from tfdtape import errors
+        from tfdtape import frame_filters
         from tfdtape import patching
+        import runpy
+        # The command line's frames (runpy's and tfdtape's) are not the
+        # script's: TensorFlow's "defined at" stacks leave them out.
+        frame_filters.also_hide({runpy.__file__, "<frozen runpy>"})
         log = logging.getLogger("tfdtape")
         quiet_before, log.disabled = log.disabled, True  # the script's output only
         try:

@@ -36,6 +36,10 @@ class Trace:
         """Gradient calls are not part of a trace."""
         del event
 
+    def add_refusal(self, event):
+        """Refusals are not part of a trace (they raise where they happen)."""
+        del event
+
     def report(self):
         """A readable table: one row per event, what was watched and where."""
         rows = [("kind", "variable", "shape", "context", "replica",

@@ -20,6 +20,7 @@ recorded; reads of distributed variables always are.
 
 import dataclasses
 import os
+import sys
 import threading
 from typing import Optional, Tuple
 
@@ -27,6 +28,7 @@ from tensorflow.python import pywrap_tfe
 from tensorflow.python.framework import ops
 from tensorflow.python.framework import tensor_util
 
+from tfdtape import call_sites
 from tfdtape import compat
 
 # Kept across importlib.reload, so a reload does not drop open traces. A
@@ -91,11 +93,31 @@ class GradientEvent:
             cross-replica total derivative.
         location: "file:line" of the call in the user's code.
         context: "replica", "cross-replica" or "no strategy".
+        one_device: a cross-replica total derivative only one component of
+            a several-component variable took part in: the step ran on one
+            device (no strategy.run).
+        sources: the call's flat sources (so that a sink can name the
+            variables a Keras variable wraps by its path).
     """
     none_reasons: Tuple[Tuple[object, str, str], ...]
     totals: Tuple[Tuple[object, int], ...]
     location: str
     context: str
+    one_device: bool = False
+    sources: Tuple[object, ...] = ()
+
+
+@dataclasses.dataclass(frozen=True)
+class RefusalEvent:
+    """An error tfdtape raised instead of a silent wrong answer (whether or
+    not the program caught it).
+
+    Attributes:
+        message: the first line of the error's message.
+        location: "file:line" of the call in the user's code that raised it.
+    """
+    message: str
+    location: str
 
 
 INCOMPLETE_NOTE = ("note: tfdtape was uninstalled while this was recording; "
@@ -171,6 +193,18 @@ def record_gradient(event):
     """Sends one GradientEvent to every open sink."""
     for sink in _open_sinks:
         sink.add_gradient(event)
+
+
+def refused(error):
+    """Reports `error`, which tfdtape is about to raise, to the open sinks
+    (with the user's call that led to it); returns it for the raise."""
+    if _open_sinks:
+        text = str(error).strip()
+        event = RefusalEvent(text.splitlines()[0] if text else type(error).__name__,
+                             call_sites.caller_location(sys._getframe(1)))  # pylint: disable=protected-access
+        for sink in _open_sinks:
+            sink.add_refusal(event)
+    return error
 
 
 def _replica_index(replica_context):

@@ -24,10 +24,12 @@ import threading
 from tensorflow.python.eager import context
 from tensorflow.python.eager import def_function
 from tensorflow.python.framework import ops
+from tensorflow.python.util import traceback_utils
 
 from tfdtape import errors
 from tfdtape import keras_variables
 from tfdtape import resolution
+from tfdtape import tracing
 
 _MISSED_RUN = "_tfdtape_missed_strategy_run"
 """On a GradientTape: 'eager' or 'traced', how the missed strategy.run ran."""
@@ -91,8 +93,8 @@ def make_call_for_each_replica(original):
         return original(strategy, fn, args, kwargs)
 
     call_for_each_replica.__doc__ = original.__doc__
-    call_for_each_replica.__wrapped__ = original
-    return call_for_each_replica
+    # An error of a replica function reaches the user without this frame.
+    return traceback_utils.filter_traceback(call_for_each_replica)
 
 
 def check(tape, sources, symbol):
@@ -119,10 +121,10 @@ def check(tape, sources, symbol):
     for source in sources:
         if resolution.is_distributed_variable(
                 keras_variables.unwrap(source, symbol)):
-            raise ValueError(errors.message(
+            raise tracing.refused(ValueError(errors.message(
                 f"cannot take a cross-replica gradient through {where}", symbol,
                 "a tape that recorded everything between "
                 f"{keras_variables.label(source)!r} and the target",
                 f"a tape that was recording when {where} ran its replicas in "
                 "threads the tape does not record, so the gradient would be "
-                "missing (None or partial)", remedy))
+                "missing (None or partial)", remedy)))

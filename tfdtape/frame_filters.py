@@ -1,0 +1,101 @@
+"""Keeps tfdtape's own frames out of the stacks TensorFlow shows users, through
+TensorFlow's own frame filters.
+
+TensorFlow hides its internal frames in three places, each with a list it
+reads at the time:
+- `traceback_utils._EXCLUDED_PATHS`: the folders whose frames the
+  tracebacks of TensorFlow's API functions (those wrapped in
+  `traceback_utils.filter_traceback`) and AutoGraph's "in user code" lists
+  leave out;
+- `tf_stack`'s filter stacks (one per thread, a `StackTraceFilter` on top):
+  the files whose frames the stack recorded with each op leaves out, the
+  "defined at" stack of an error at run time.
+`hide()` adds tfdtape's package folder to the first, and the files of
+tfdtape's modules (with those `also_hide` names: runpy, under `python -m
+tfdtape run`) to the bottom filter of every thread's stack, threads started
+later included; `show()` puts back what TensorFlow had. A TensorFlow without
+these lists is left alone: they shape what users read, not what tapes do. tfdtape's replacements of the API functions users call
+(`GradientTape.watch`, `GradientTape.gradient`, MirroredStrategy's
+`call_for_each_replica`) are wrapped in `filter_traceback`, so an error
+passing through them reaches the user with the user's frames (and
+TensorFlow's one re-raising frame), not tfdtape's.
+"""
+
+import os
+
+from tensorflow.python.util import tf_stack
+from tensorflow.python.util import traceback_utils
+
+PACKAGE_FOLDER = os.path.dirname(os.path.abspath(__file__)) + os.sep
+
+# Kept across importlib.reload: what TensorFlow had before hide().
+_saved = globals().get("_saved")
+_extra_files = globals().get("_extra_files", frozenset())
+"""(traceback_utils._EXCLUDED_PATHS, tf_stack's default filter factory) as
+TensorFlow had them, while tfdtape's filters are in; else None."""
+
+
+class _HiddenFiles(tf_stack.StackTraceFilter):
+    """The bottom filter of a thread's stack: leaves out tfdtape's files."""
+
+    def __init__(self, files):
+        super().__init__()
+        self.parent = None
+        self._files = frozenset(files)
+        self.update()
+
+    def get_filtered_filenames(self):
+        return self._files
+
+
+def package_files():
+    """The file names of tfdtape's modules, as frames name them."""
+    return {os.path.join(PACKAGE_FOLDER, name)
+            for name in os.listdir(PACKAGE_FOLDER) if name.endswith(".py")}
+
+
+def also_hide(files):
+    """Adds `files` to what `hide()` hides (at once, if hidden now)."""
+    global _extra_files
+    _extra_files = _extra_files | frozenset(files)
+    if _saved is not None:
+        hide()
+
+
+def hide():
+    """Leaves tfdtape's folder and files out of what TensorFlow shows;
+    calling it again takes in modules loaded since."""
+    global _saved
+    stacks = getattr(tf_stack, "_source_filter_stacks", None)
+    excluded_now = getattr(traceback_utils, "_EXCLUDED_PATHS", None)
+    if not isinstance(excluded_now, tuple) or not hasattr(stacks, "default_factory"):
+        return
+    if _saved is None:
+        _saved = (excluded_now, stacks.default_factory)
+    excluded, _ = _saved
+    traceback_utils._EXCLUDED_PATHS = excluded + (PACKAGE_FOLDER,)  # pylint: disable=protected-access
+    files = frozenset(package_files()) | _extra_files
+    stacks.default_factory = lambda: [_HiddenFiles(files)]
+    _replace_bottom_filters(lambda: _HiddenFiles(files))
+
+
+def show():
+    """Puts back TensorFlow's own filters (a no-op unless hidden)."""
+    global _saved
+    if _saved is None:
+        return
+    excluded, factory = _saved
+    traceback_utils._EXCLUDED_PATHS = excluded  # pylint: disable=protected-access
+    tf_stack._source_filter_stacks.default_factory = factory  # pylint: disable=protected-access
+    _replace_bottom_filters(tf_stack.SentinelFilter)
+    _saved = None
+
+
+def _replace_bottom_filters(make):
+    """Replaces the bottom filter of each thread's stack that holds only
+    that one (a stack with more was entered by code that combined its own
+    files with the bottom's already, and keeps them until it leaves)."""
+    for stack in list(tf_stack._source_filter_stacks.values()):  # pylint: disable=protected-access
+        if len(stack) == 1 and isinstance(stack[0], (tf_stack.SentinelFilter,
+                                                     _HiddenFiles)):
+            stack[0] = make()
