@@ -26,4 +26,4 @@ def unresolved_container_error(call):
     """
     if call == "watch_variable" and RELEASE >= (2, 23):
         return ValueError, HANDLE_UNAVAILABLE
-    return SystemError, f"<built-in method "
+    return SystemError, "<built-in method "

@@ -95,10 +95,10 @@ def test_tfdtape_report_for_a_test_run(pytester):
         "--tfdtape-report", "tapes.json")
     result.assert_outcomes(passed=2)
     result.stdout.fnmatch_lines(["*= tfdtape =*", "tfdtape run: *exited with status 0",
-                                 "*Variable:0*container*replica 0,1*",
+                                 "  replica 0,1  container * 1 * 4 * 0",
                                  "report written to tapes.json"])
     report = json.loads((pytester.path / "tapes.json").read_text())
-    assert report["schema"] == "tfdtape-run/1" and report["exit_status"] == 0
+    assert report["schema"] == "tfdtape-run/2" and report["exit_status"] == 0
     assert report["command"][0] == "pytest" and report["installed"] is True
     reads = [w for w in report["watched"] if w["kind"] == "access"]
     # The tfdtape_installed test's replicas watched the container. The

@@ -21,7 +21,6 @@ from tensorflow.python.eager import tape as tape_module
 
 import tfdtape
 from tfdtape import patching
-from tfdtape import release_policy
 from tfdtape import run_recording
 from tfdtape import command_line
 from tfdtape import versions

@@ -154,12 +154,22 @@ def _watched_counts(watched):
     if not groups:
         return []
     table = [("context", "watched as", "variables", "reads", "watches")]
-    for (context, how), group in groups.items():
+    for (context, how), group in sorted(groups.items(), key=_context_order):
         if group["replicas"]:
             context += f" {_replica_list(group['replicas'])}"
         table.append((context, how, str(len(group["variables"])),
                       str(group["access"]), str(group["watch"])))
     return _table(table, right_aligned_from=2)
+
+
+_CONTEXTS = ("no strategy", "replica", "cross-replica")
+_HOWS = ("plain", "container", "components", "component")
+
+
+def _context_order(item):
+    (context, how), _ = item
+    return (_CONTEXTS.index(context) if context in _CONTEXTS else len(_CONTEXTS),
+            _HOWS.index(how) if how in _HOWS else len(_HOWS))
 
 
 def _variable_rows(report):
@@ -248,8 +258,8 @@ def _totals(totals, relative, verbose):
     for location, site in list(sites.items())[:LISTED]:
         components = "/".join(map(str, sorted(site["components"])))
         lines += _wrapped(
-            f"at {relative(location)}: {len(site['variables'])} variables, "
-            f"each the sum of {components} components, {site['count']} in all")
+            f"at {relative(location)}: {_plural(len(site['variables']), 'variable')}"
+            f", each the sum of {components} components, {site['count']} in all")
     lines += _more(len(sites) - min(len(sites), LISTED))
     return ["", "Cross-replica total derivatives:"] + lines
 
@@ -324,6 +334,10 @@ def _printable(text):
 
 def _total_count(items):
     return sum(item["count"] for item in items)
+
+
+def _plural(count, noun):
+    return f"{count} {noun}" + ("" if count == 1 else "s")
 
 
 def _times(count):

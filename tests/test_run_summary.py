@@ -1,0 +1,192 @@
+"""The `run` report as users read it, on programs shaped like theirs: one row
+per variable, short when healthy, warnings for the classic bugs, tracebacks
+without tfdtape's frames, locations relative to where the run started, and
+a status line that states the run's own exit status."""
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+
+import pytest
+import tensorflow as tf
+
+from run_helpers import SCRIPTS
+from run_helpers import summary_of
+from run_helpers import tfdtape_run
+
+KERAS_3 = hasattr(tf.keras, "Variable") and not issubclass(tf.keras.Variable,
+                                                           tf.Variable)
+
+
+def plain_python(*arguments, cwd=None):
+    environment = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
+    environment.pop("TF_CONFIG", None)
+    return subprocess.run([sys.executable, *arguments], capture_output=True,
+                          text=True, cwd=cwd, env=environment, timeout=300)
+
+
+@pytest.mark.skipif(not KERAS_3, reason="Keras 3 (tf.keras from TensorFlow 2.16)")
+def test_a_keras_subclassed_model_has_a_row_per_variable_named_by_its_path(
+        tmp_path):
+    report_path = tmp_path / "report.json"
+    completed = tfdtape_run("--json", str(report_path), "--verbose",
+                            str(SCRIPTS / "keras_subclassed.py"))
+    assert completed.returncode == 0, completed.stderr
+    paths = completed.stdout.split("paths: ")[1].split()
+    report = json.loads(report_path.read_text())
+    assert report["schema"] == "tfdtape-run/2"
+    assert sorted(v["name"] for v in report["variables"]) == sorted(paths)
+    assert {w["variable"] for w in report["watched"]} == set(paths)
+    unused = {n["source"] for n in report["none_gradients"]}
+    assert unused == {path for path in paths if "/dense_2/" in path}
+    summary = summary_of(completed.stderr)
+    rows = [line.split() for line in summary.splitlines()
+            if re.match(r"  \d+ +two_layers/", line)]
+    assert sorted(row[1] for row in rows) == sorted(paths)
+    for path in unused:
+        assert f"  {path}: not connected to the target (replica)" in summary
+
+
+def test_a_healthy_run_of_160_variables_fits_a_screen(tmp_path):
+    completed = tfdtape_run(str(SCRIPTS / "big_model.py"))
+    assert completed.returncode == 0, completed.stderr
+    assert completed.stdout == "variables: 160\n"
+    summary = summary_of(completed.stderr).splitlines()
+    assert len(summary) <= 25, "\n".join(summary)
+    assert re.fullmatch(r"  replica 0,1 +container +160 +320 +0", summary[5]), summary
+    assert "Warnings" not in "\n".join(summary)
+    verbose = summary_of(tfdtape_run("--verbose", str(SCRIPTS / "big_model.py"))
+                         .stderr).splitlines()
+    assert len([line for line in verbose if re.match(r"  \d+ ", line)]) == 160
+
+
+def script_line(name, marker):
+    """The line number of `marker` in run_scripts/`name`."""
+    lines = (SCRIPTS / name).read_text().splitlines()
+    return next(number for number, line in enumerate(lines, start=1)
+                if marker in line)
+
+
+def test_the_classic_bugs_are_warned_about(tmp_path):
+    script = shutil.copy(SCRIPTS / "classic_bugs.py", tmp_path)
+    completed = tfdtape_run("--json", str(tmp_path / "r.json"), "classic_bugs.py",
+                            cwd=tmp_path)
+    assert completed.returncode == 0, completed.stderr
+    assert completed.stdout == "caught: NotWatchableError\n"
+    report = json.loads((tmp_path / "r.json").read_text())
+    located = [(w["kind"], w["location"], w["count"]) for w in report["warnings"]]
+    assert located == [
+        ("plain variable in replica context",
+         f"{script}:{script_line('classic_bugs.py', '# READ')}", 2),
+        ("cross-replica gradient on one device",
+         f"{script}:{script_line('classic_bugs.py', '# ONE DEVICE')}", 1),
+        ("refused by tfdtape",
+         f"{script}:{script_line('classic_bugs.py', '# REFUSED')}", 1)]
+    assert report["warnings"][2]["message"].startswith(
+        "tfdtape: cannot watch a non-tensor (tf.GradientTape.watch)")
+    summary = summary_of(completed.stderr)
+    assert "Warnings: 3" in summary.splitlines()
+    assert (f"    outside:0: read 2 times, first at classic_bugs.py:"
+            f"{script_line('classic_bugs.py', '# READ')}") in summary
+    assert "Create it inside strategy.scope()" in summary
+    failing = tfdtape_run("--fail-on-warning", "--quiet", "classic_bugs.py",
+                          cwd=tmp_path)
+    assert failing.returncode == 1
+
+
+def test_the_status_line_says_why_the_run_exits_otherwise(tmp_path):
+    completed = tfdtape_run("--fail-on-none-gradient",
+                            str(SCRIPTS / "none_causes.py"), cwd=tmp_path)
+    assert completed.returncode == 1
+    lines = summary_of(completed.stderr).splitlines()
+    assert lines[0].endswith(" exited with status 0")
+    assert re.fullmatch(r"tfdtape run exits with status 1: "
+                        r"--fail-on-none-gradient, and \d+ None gradients",
+                        lines[1])
+
+
+@pytest.mark.parametrize("how", ["../x.py", "absolute", "-m"])
+def test_locations_are_relative_to_where_the_run_started(tmp_path, how):
+    package = tmp_path / "pkg"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "x.py").write_text(
+        "import tensorflow as tf\n"
+        "v = tf.Variable(1.0)\n"
+        "with tf.GradientTape() as tape:\n"
+        "    pass\n"
+        "tape.gradient(tf.constant(1.0), v)\n")
+    start = tmp_path / "start"
+    start.mkdir()
+    if how == "../x.py":
+        start, target = package / "sub", ["../x.py"]
+        start.mkdir()
+        shown = "../x.py:5"
+    elif how == "absolute":
+        target, shown = [str(package / "x.py")], "../pkg/x.py:5"
+    else:
+        target, shown = ["-m", "pkg.x"], "../pkg/x.py:5"
+    environment = {"PYTHONPATH": str(tmp_path)} if how == "-m" else None
+    completed = tfdtape_run(*target, cwd=start, env=environment)
+    assert completed.returncode == 0, completed.stderr
+    assert f", once at {shown}\n" in summary_of(completed.stderr)
+    assert str(tmp_path) not in summary_of(completed.stderr)
+
+
+def traceback_before_summary(stderr):
+    end = stderr.index("tfdtape run: ") if "tfdtape run: " in stderr else None
+    return stderr[stderr.index("Traceback"):end]
+
+
+def defined_at_frames(text):
+    """The frames of the first "defined at" stack in `text` (AutoGraph's
+    generated files named alike)."""
+    lines = text[text.index("defined at"):].splitlines()[1:]
+    frames = []
+    for line in lines:
+        if line.strip() and not line.startswith("  File "):
+            break
+        frames += re.findall(r'File "([^"]+)", line (\d+), in (\S+)', re.sub(
+            r"__autograph_generated_file\w+", "<generated>", line))
+    assert frames
+    return frames
+
+
+@pytest.mark.parametrize("mode", ["eager", "function"])
+def test_a_raise_inside_a_replica_function_shows_no_tfdtape_frames(mode):
+    script = str(SCRIPTS / "replica_raise.py")
+    completed = tfdtape_run(script, mode)
+    assert completed.returncode == 1
+    shown = traceback_before_summary(completed.stderr)
+    assert "loss is not 2" in shown
+    for hidden in ("/tfdtape/", "runpy", "<frozen"):
+        assert hidden not in shown, shown
+    stock = plain_python(script, mode)
+    assert stock.returncode == 1
+    # tfdtape's call_for_each_replica goes through TensorFlow's filter.
+    assert f'File "{script}", line' in shown
+    if mode == "function":  # the "defined at" stack: the frames stock shows
+        assert defined_at_frames(shown) == defined_at_frames(
+            traceback_before_summary(stock.stderr))
+
+
+def test_tfdtapes_refusal_in_a_plain_program_ends_at_the_users_call(tmp_path):
+    script = tmp_path / "refused.py"
+    script.write_text("import tfdtape\n"
+                      "import tensorflow as tf\n"
+                      "with tf.GradientTape() as tape:\n"
+                      "    tape.watch('a string')\n")
+    completed = plain_python(str(script))
+    assert completed.returncode == 1
+    shown = completed.stderr[completed.stderr.index("Traceback"):]
+    files = re.findall(r'File "([^"]+)"', shown)
+    # The script's line, TensorFlow's re-raising frame, and (as TensorFlow's
+    # own errors keep theirs) the innermost frame, where the error was raised.
+    assert files[0] == str(script)
+    assert files[1].endswith("tensorflow/python/util/traceback_utils.py")
+    assert len(files) == 3, shown
+    assert shown.rstrip().splitlines()[-1].startswith(
+        "tfdtape.errors.NotWatchableError: tfdtape: cannot watch a non-tensor")
