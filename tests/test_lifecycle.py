@@ -316,3 +316,33 @@ def test_missing_strategy_stack_is_refused(uninstalled, monkeypatch):
                        match=r"\(Graph\._distribution_strategy_stack\)"):
         tfdtape.install()
     assert not tfdtape.is_installed()
+
+
+def test_tensorflow_treats_tfdtape_as_library_code_while_installed(uninstalled):
+    """AutoGraph leaves tfdtape's functions unconverted, and TensorFlow's
+    frame filters leave its frames out; uninstall() puts back TensorFlow's
+    own lists."""
+    from tensorflow.python.autograph.core import config
+    from tensorflow.python.autograph.impl import conversion
+    from tensorflow.python.util import tf_stack
+    from tensorflow.python.util import traceback_utils
+    from tfdtape import gradient_tape
+
+    def lists():
+        return (traceback_utils._EXCLUDED_PATHS,  # pylint: disable=protected-access
+                tf_stack._source_filter_stacks.default_factory,  # pylint: disable=protected-access
+                config.CONVERSION_RULES)
+
+    tensorflows = lists()
+    assert not conversion.is_allowlisted(gradient_tape._watchables)  # pylint: disable=protected-access
+    tfdtape.install()
+    assert conversion.is_allowlisted(gradient_tape._watchables)  # pylint: disable=protected-access
+    excluded, factory, rules = lists()
+    assert excluded[:-1] == tensorflows[0]
+    assert excluded[-1].endswith(f"{os.sep}tfdtape{os.sep}")
+    assert rules[1:] == tensorflows[2]
+    (bottom,) = factory()
+    assert gradient_tape.__file__ in bottom.get_filtered_filenames()
+    tfdtape.uninstall()
+    assert all(now is then for now, then in zip(lists(), tensorflows))
+    assert not conversion.is_allowlisted(gradient_tape._watchables)  # pylint: disable=protected-access

@@ -236,7 +236,7 @@ def test_warnings_for_what_the_recorder_can_see(strategy):
     this_file = os.path.abspath(__file__)
     read_line = replica_step.__code__.co_firstlineno + 2
     assert [(w["kind"], w["variable"], w["count"]) for w in warnings] == [
-        (recorder_lib.REPLICA_PLAIN, "outside:0", 4),
+        (recorder_lib.REPLICA_PLAIN, "outside:0", 8),  # 4 reads, 4 sources
         (recorder_lib.ONE_DEVICE, None, 1),
         (recorder_lib.REFUSAL, None, 1)]
     assert warnings[0]["location"] == f"{this_file}:{read_line}"
@@ -259,3 +259,40 @@ def test_no_warning_for_a_plain_variable_without_several_replicas():
     snapshot = recorder.snapshot()
     assert snapshot["warnings"] == []
     assert [w["how"] for w in snapshot["watched"]] == [recorder_lib.PLAIN]
+
+
+def test_tensor_sources_are_grouped_not_kept_one_each():
+    v = tf.Variable(1.0, name="v")
+    with Recording() as recorder:
+        for step in range(200):
+            x = tf.constant(float(step))
+            with tf.GradientTape() as tape:
+                y = v * 2.0
+            tape.gradient(y, [v, x])
+    snapshot = recorder.snapshot()
+    assert [(n["source"], n["reason"], n["count"])
+            for n in snapshot["none_gradients"]] == [
+                ("EagerTensor", explaining.NOT_WATCHED, 200)]
+    assert [v["name"] for v in snapshot["variables"]] == ["v:0", "EagerTensor"]
+
+
+def test_a_plain_gradient_source_in_replica_context_is_warned_about(strategy):
+    """`w * outside` reads `outside` through TensorFlow's C++ fast path, which
+    tells no Python function; the gradient call still names it."""
+    outside = tf.Variable(1.0, name="outside")
+    with strategy.scope():
+        w = tf.Variable(2.0, name="w")
+
+    def replica_step():
+        with tf.GradientTape() as tape:
+            loss = w * outside
+        return tape.gradient(loss, [w, outside])
+
+    with Recording() as recorder:
+        strategy.run(replica_step)
+    warnings = recorder.snapshot()["warnings"]
+    gradient_line = replica_step.__code__.co_firstlineno + 3
+    assert [(w["kind"], w["variable"], w["count"], w["location"])
+            for w in warnings] == [
+                (recorder_lib.REPLICA_PLAIN, "outside:0", 4,
+                 f"{os.path.abspath(__file__)}:{gradient_line}")]

@@ -256,3 +256,25 @@ def test_run_on_an_untested_release(tmp_path):
                       dict(environment, **{OPT_IN: "1"}))
     assert accepted.returncode == 0, accepted.stderr
     assert accepted.stdout == f"{NIGHTLY} True\n"
+
+
+def test_info_with_an_unreadable_opt_in_says_so(tmp_path):
+    environment = dict(posing_as(tmp_path, NIGHTLY), **{OPT_IN: "maybe"})
+    completed = python(["-m", "tfdtape", "info"], environment)
+    assert completed.returncode == 0, completed.stderr
+    lines = completed.stdout.splitlines()
+    assert lines[2].endswith(f"{OPT_IN}=1 (set to a value not understood)")
+    assert (f"install check: FAILED: tfdtape: {OPT_IN}='maybe' is not "
+            "understood: expected one of 0, 1, false, no, off, on, true, yes. "
+            "Set it to 1 to install tfdtape on an untested TensorFlow release"
+            ) in lines
+
+
+@pytest.mark.parametrize("value", ["", "  "], ids=["empty", "blank"])
+def test_an_empty_opt_in_is_unset(untested, monkeypatch, value):
+    monkeypatch.setenv(OPT_IN, value)
+    with pytest.raises(tfdtape.UnsupportedTensorFlowError):
+        tfdtape.install()
+    monkeypatch.setenv("TFDTAPE_AUTOINSTALL", value)
+    from tfdtape import switches
+    assert switches.read("TFDTAPE_AUTOINSTALL", True, "") is True

@@ -18,7 +18,8 @@ def test_the_report_needs_a_reason_exactly_when_incomplete():
     built = report()
     assert built["tensorflow"] == tf.__version__
     assert built["schema"] == "tfdtape-run/2"
-    assert list(built)[9:11] == ["complete", "incomplete_reason"]
+    assert list(built)[10:12] == ["complete", "incomplete_reason"]
+    assert built["tensorflow_untested"] is None
     assert built["complete"] is True and built["incomplete_reason"] is None
     incomplete = dict(run_report.EMPTY_SNAPSHOT, complete=False)
     with pytest.raises(ValueError, match="needs its reason"):
@@ -157,7 +158,7 @@ def test_warnings_say_what_they_mean_once_per_kind():
                                relative_to="/w").splitlines()
     start = lines.index("Warnings: 3")
     text = "\n".join(lines[start:])
-    assert "    w:0: read 6 times, first at t.py:9" in text
+    assert "    w:0: used 6 times, first at t.py:9" in text
     assert "    3 times at t.py:20" in text
     assert ("    once at t.py:30: tfdtape: cannot watch this object "
             "(tf.GradientTape.watch)") in text
@@ -173,3 +174,19 @@ def test_relative_keeps_the_working_directory_default(tmp_path, monkeypatch):
         "count": 1}])
     assert "once at x.py:2" in run_report.summary(built)
     assert os.getcwd() == str(tmp_path)
+
+
+def test_an_untested_tensorflow_is_marked(monkeypatch):
+    monkeypatch.setattr(tf, "__version__", "2.23.0-dev20261026")
+    built = report()
+    assert built["tensorflow_untested"] == (
+        "a development build, newer than the tested range")
+    assert run_report.summary(built).splitlines()[1] == (
+        "TensorFlow 2.23.0-dev20261026 (untested), tfdtape 0.1.0 installed")
+
+
+def test_one_none_gradient_is_singular():
+    built = report(none_gradients=[{
+        "source": "u:0", "id": 1, "reason": "not watched", "location": "?",
+        "context": "replica", "message": "m", "count": 1}])
+    assert "None gradient: 1" in run_report.summary(built).splitlines()

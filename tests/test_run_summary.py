@@ -80,7 +80,7 @@ def test_the_classic_bugs_are_warned_about(tmp_path):
     located = [(w["kind"], w["location"], w["count"]) for w in report["warnings"]]
     assert located == [
         ("plain variable in replica context",
-         f"{script}:{script_line('classic_bugs.py', '# READ')}", 2),
+         f"{script}:{script_line('classic_bugs.py', '# READ')}", 4),
         ("cross-replica gradient on one device",
          f"{script}:{script_line('classic_bugs.py', '# ONE DEVICE')}", 1),
         ("refused by tfdtape",
@@ -89,7 +89,7 @@ def test_the_classic_bugs_are_warned_about(tmp_path):
         "tfdtape: cannot watch a non-tensor (tf.GradientTape.watch)")
     summary = summary_of(completed.stderr)
     assert "Warnings: 3" in summary.splitlines()
-    assert (f"    outside:0: read 2 times, first at classic_bugs.py:"
+    assert (f"    outside:0: used 4 times, first at classic_bugs.py:"
             f"{script_line('classic_bugs.py', '# READ')}") in summary
     assert "Create it inside strategy.scope()" in summary
     failing = tfdtape_run("--fail-on-warning", "--quiet", "classic_bugs.py",
@@ -190,3 +190,43 @@ def test_tfdtapes_refusal_in_a_plain_program_ends_at_the_users_call(tmp_path):
     assert len(files) == 3, shown
     assert shown.rstrip().splitlines()[-1].startswith(
         "tfdtape.errors.NotWatchableError: tfdtape: cannot watch a non-tensor")
+
+
+def test_a_watch_inside_a_tf_function_runs_tfdtapes_code_unconverted(tmp_path):
+    script = tmp_path / "watch_none.py"
+    script.write_text("import tfdtape\n"
+                      "import tensorflow as tf\n"
+                      "@tf.function\n"
+                      "def step():\n"
+                      "    with tf.GradientTape() as tape:\n"
+                      "        tape.watch(None)\n"
+                      "step()\n")
+    completed = plain_python(str(script))
+    assert completed.returncode == 1
+    assert "NotWatchableError: tfdtape: " in completed.stderr
+    # AutoGraph's converted copies of tfdtape's functions would show here.
+    assert "tf__watch" not in completed.stderr
+    assert "tf___watchables" not in completed.stderr
+    assert f'File "{script}", line 6, in step' in completed.stderr
+
+
+def test_both_fail_options_are_named_when_both_apply(tmp_path):
+    script = tmp_path / "both.py"
+    script.write_text("import tensorflow as tf\n"
+                      "import tfdtape\n"
+                      "v = tf.Variable(1.0)\n"
+                      "with tf.GradientTape() as tape:\n"
+                      "    pass\n"
+                      "tape.gradient(tf.constant(1.0), v)\n"
+                      "try:\n"
+                      "    tfdtape.resolve(None)\n"
+                      "except tfdtape.NotWatchableError:\n"
+                      "    pass\n")
+    completed = tfdtape_run("--fail-on-none-gradient", "--fail-on-warning",
+                            str(script), cwd=tmp_path)
+    assert completed.returncode == 1
+    lines = summary_of(completed.stderr).splitlines()
+    assert " ".join(lines[1:3]) == (  # wrapped within 100 columns
+        "tfdtape run exits with status 1: --fail-on-none-gradient, and 1 None "
+        "gradient; --fail-on-warning, and 1 warning")
+    assert lines[3].startswith("TensorFlow ")

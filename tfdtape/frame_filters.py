@@ -1,28 +1,34 @@
-"""Keeps tfdtape's own frames out of the stacks TensorFlow shows users, through
-TensorFlow's own frame filters.
+"""Makes TensorFlow treat tfdtape's code as library code, as it treats its own.
 
-TensorFlow hides its internal frames in three places, each with a list it
-reads at the time:
-- `traceback_utils._EXCLUDED_PATHS`: the folders whose frames the
-  tracebacks of TensorFlow's API functions (those wrapped in
-  `traceback_utils.filter_traceback`) and AutoGraph's "in user code" lists
-  leave out;
-- `tf_stack`'s filter stacks (one per thread, a `StackTraceFilter` on top):
-  the files whose frames the stack recorded with each op leaves out, the
-  "defined at" stack of an error at run time.
-`hide()` adds tfdtape's package folder to the first, and the files of
-tfdtape's modules (with those `also_hide` names: runpy, under `python -m
-tfdtape run`) to the bottom filter of every thread's stack, threads started
-later included; `show()` puts back what TensorFlow had. A TensorFlow without
-these lists is left alone: they shape what users read, not what tapes do. tfdtape's replacements of the API functions users call
-(`GradientTape.watch`, `GradientTape.gradient`, MirroredStrategy's
-`call_for_each_replica`) are wrapped in `filter_traceback`, so an error
-passing through them reaches the user with the user's frames (and
-TensorFlow's one re-raising frame), not tfdtape's.
+TensorFlow reads three lists for that, each at the time it needs it:
+- AutoGraph's `config.CONVERSION_RULES`: modules whose functions a
+  `tf.function` calls unconverted (TensorFlow, Keras, NumPy ... are named);
+  else a `tape.watch` inside a `tf.function` would run converted copies of
+  tfdtape's functions, whose generated frames show in tracebacks;
+- `traceback_utils._EXCLUDED_PATHS`: folders whose frames the tracebacks of
+  TensorFlow's API functions (those wrapped in `filter_traceback`) and
+  AutoGraph's "in user code" lists leave out;
+- `tf_stack`'s filter stacks (one per thread): files whose frames the stack
+  recorded with each op leaves out, the "defined at" stack of an error at
+  run time.
+`hide()` puts a `DoNotConvert` rule for tfdtape first in the first, tfdtape's
+folder in the second, and the files of tfdtape's modules (with those
+`also_hide` names: runpy's, under `python -m tfdtape run`) in the bottom
+filter of every thread's stack, threads started later included; `show()`
+puts back what TensorFlow had. A TensorFlow without these lists is left
+alone: they shape what users read, not what tapes do.
+
+tfdtape's replacements of `GradientTape.watch` and MirroredStrategy's
+`call_for_each_replica` are wrapped in `filter_traceback`, so an error passing
+through them reaches the user with the user's frames, TensorFlow's one
+re-raising frame and the innermost frame (as TensorFlow's own errors keep
+theirs).
 """
 
 import os
 
+from tensorflow.python.autograph.core import config as autograph_config
+from tensorflow.python.autograph.core import config_lib as autograph_rules
 from tensorflow.python.util import tf_stack
 from tensorflow.python.util import traceback_utils
 
@@ -31,8 +37,9 @@ PACKAGE_FOLDER = os.path.dirname(os.path.abspath(__file__)) + os.sep
 # Kept across importlib.reload: what TensorFlow had before hide().
 _saved = globals().get("_saved")
 _extra_files = globals().get("_extra_files", frozenset())
-"""(traceback_utils._EXCLUDED_PATHS, tf_stack's default filter factory) as
-TensorFlow had them, while tfdtape's filters are in; else None."""
+"""(traceback_utils._EXCLUDED_PATHS, tf_stack's default filter factory,
+AutoGraph's CONVERSION_RULES) as TensorFlow had them, while tfdtape's are in;
+else None."""
 
 
 class _HiddenFiles(tf_stack.StackTraceFilter):
@@ -68,12 +75,17 @@ def hide():
     global _saved
     stacks = getattr(tf_stack, "_source_filter_stacks", None)
     excluded_now = getattr(traceback_utils, "_EXCLUDED_PATHS", None)
-    if not isinstance(excluded_now, tuple) or not hasattr(stacks, "default_factory"):
+    if (not isinstance(excluded_now, tuple) or
+            not hasattr(stacks, "default_factory") or
+            not isinstance(getattr(autograph_config, "CONVERSION_RULES", None), tuple)):
         return
     if _saved is None:
-        _saved = (excluded_now, stacks.default_factory)
-    excluded, _ = _saved
+        _saved = (excluded_now, stacks.default_factory,
+                  autograph_config.CONVERSION_RULES)
+    excluded, _, rules = _saved
     traceback_utils._EXCLUDED_PATHS = excluded + (PACKAGE_FOLDER,)  # pylint: disable=protected-access
+    autograph_config.CONVERSION_RULES = (
+        autograph_rules.DoNotConvert(__name__.partition(".")[0]),) + rules
     files = frozenset(package_files()) | _extra_files
     stacks.default_factory = lambda: [_HiddenFiles(files)]
     _replace_bottom_filters(lambda: _HiddenFiles(files))
@@ -84,9 +96,10 @@ def show():
     global _saved
     if _saved is None:
         return
-    excluded, factory = _saved
+    excluded, factory, rules = _saved
     traceback_utils._EXCLUDED_PATHS = excluded  # pylint: disable=protected-access
     tf_stack._source_filter_stacks.default_factory = factory  # pylint: disable=protected-access
+    autograph_config.CONVERSION_RULES = rules
     _replace_bottom_filters(tf_stack.SentinelFilter)
     _saved = None
 

@@ -42,7 +42,8 @@ def run(args):
     try:
         patching.preflight()
         print("install check: OK")
-    except (errors.UnsupportedTensorFlowError, errors.PatchConflictError) as error:
+    except (errors.UnsupportedTensorFlowError, errors.PatchConflictError,
+            ValueError) as error:  # ValueError: an unreadable opt-in
         print(f"install check: FAILED: {error}")
     print("patch targets (who holds each now, judged by identity):")
     for target in targets.patch_targets():

@@ -24,6 +24,8 @@ import threading
 import weakref
 
 from tensorflow.python.framework import ops
+from tensorflow.python.ops import resource_variable_ops
+from tensorflow.python.ops import variables
 
 from tfdtape import call_sites
 from tfdtape import keras_variables
@@ -47,8 +49,8 @@ WARNING_KINDS = (REPLICA_PLAIN, ONE_DEVICE, REFUSAL)
 
 
 class _Variable:
-    """What the recorder knows of one variable (or, for a tensor source, one
-    kind of tensor): strings only."""
+    """What the recorder knows of one variable (or, for tensor sources, one
+    kind and name of tensor): strings only."""
 
     __slots__ = ("serial", "tf_name", "keras_path", "type_name", "strategy")
 
@@ -71,7 +73,8 @@ class _Variables:
 
     A variable is found again through a weak reference kept under its id();
     a dead reference (the id reused by another object) gives a new entry.
-    Objects without weak references (tensors) are grouped by type and name.
+    Tensors (gradient sources that are no variables, new ones each step) are
+    grouped by type and name.
     """
 
     def __init__(self):
@@ -84,16 +87,16 @@ class _Variables:
         known = self._by_id.get(id(value))
         if known is not None and known[0]() is value:
             return known[1]
-        try:
-            reference = weakref.ref(value)
-        except TypeError:
-            return self._entry_by_label(value)
+        if not isinstance(value, variables.Variable):
+            return self._entry_by_label(value)  # a tensor: a new one each step
         made = _Variable(len(self.entries) + 1, value)
         self.entries.append(made)
-        self._by_id[id(value)] = (reference, made)
+        self._by_id[id(value)] = (weakref.ref(value), made)
         return made
 
     def _entry_by_label(self, value):
+        """The entry of a tensor source, one per kind and name (an eager
+        tensor has no name: its kind alone)."""
         key = (type(value).__name__, keras_variables.label(value))
         made = self._by_label.get(key)
         if made is None:
@@ -143,8 +146,8 @@ class Recorder:
         self._none_gradients = collections.Counter()
         self._messages = {}
         self._totals = collections.Counter()
-        self._replica_plain = {}  # entry -> [location of the first read, count]
-        self._one_device = collections.Counter()  # location -> count
+        self._replica_plain = {}  # entry -> [location of the first use, count]
+        self._one_device = collections.Counter()  # location -> count, first seen first
         self._refusals = collections.Counter()  # (first line, location) -> count
 
     def add_event(self, event):
@@ -178,6 +181,13 @@ class Recorder:
                 self._totals[key] += 1
             if event.one_device:
                 self._one_device[event.location] += 1
+            if event.context == "replica":
+                for source in event.sources:  # read by the C++ fast path, say
+                    inner = keras_variables.inner_or_none(source)
+                    variable = source if inner is None else inner
+                    if _is_plain(variable):
+                        self._note_replica_plain(self._entry(variable, None),
+                                                 event.location)
 
     def add_refusal(self, event):
         """Counts one tracing.RefusalEvent (an error tfdtape raised)."""
@@ -198,14 +208,16 @@ class Recorder:
                  else source)
         return self._entry(source if inner is None else inner, keras)
 
-    def _note_replica_plain(self, entry):
-        """Counts a read of the plain variable `entry` in replica context;
-        the first under a strategy of several replicas is located."""
+    def _note_replica_plain(self, entry, location=None):
+        """Counts a use of the plain variable `entry` in replica context (a
+        read, or a gradient source at `location`); the first under a strategy
+        of several replicas is located."""
         noted = self._replica_plain.get(entry)
         if noted is not None:
             noted[1] += 1
         elif _replicas_in_sync() > 1:
-            location = call_sites.caller_location(sys._getframe(1))  # pylint: disable=protected-access
+            if location is None:
+                location = call_sites.caller_location(sys._getframe(1))  # pylint: disable=protected-access
             self._replica_plain[entry] = [location, 1]
 
     def snapshot(self):
@@ -251,11 +263,11 @@ class Recorder:
         warnings += [
             {"kind": ONE_DEVICE, "variable": None, "id": None,
              "location": location, "count": count}
-            for location, count in sorted(self._one_device.items())]
+            for location, count in self._one_device.items()]
         warnings += [
             {"kind": REFUSAL, "variable": None, "id": None, "message": message,
              "location": location, "count": count}
-            for (message, location), count in sorted(self._refusals.items())]
+            for (message, location), count in self._refusals.items()]
         return warnings
 
 
@@ -287,6 +299,14 @@ def _row_of(variable, resolved):
     if len(resolved) == 1 and resolved[0] is not inner:
         return resolved[0], CONTAINER, None  # another strategy's container
     return inner, PLAIN, keras
+
+
+def _is_plain(variable):
+    """True for a ResourceVariable of no container (distributed or
+    aggregating)."""
+    return (isinstance(variable, resource_variable_ops.ResourceVariable) and
+            resolution.container_of(variable) is None and
+            resolution.AGGREGATING_REFERENCE not in vars(variable))
 
 
 def _replicas_in_sync():

@@ -196,14 +196,18 @@ def _run_status(options, status, snapshot):
     when it is the script's."""
     if status != 0:
         return None, None
+    reasons = []
     if options.fail_on_none and snapshot["none_gradients"]:
         count = sum(item["count"] for item in snapshot["none_gradients"])
-        return command_line.EXIT_FAILED, (
-            f"--fail-on-none-gradient, and {count} None gradients")
+        reasons.append(f"--fail-on-none-gradient, and {count} None gradient"
+                       + ("" if count == 1 else "s"))
     if options.fail_on_warning and snapshot["warnings"]:
-        return command_line.EXIT_FAILED, (
-            f"--fail-on-warning, and {len(snapshot['warnings'])} warnings")
-    return None, None
+        count = len(snapshot["warnings"])
+        reasons.append(f"--fail-on-warning, and {count} warning"
+                       + ("" if count == 1 else "s"))
+    if not reasons:
+        return None, None
+    return command_line.EXIT_FAILED, "; ".join(reasons)
 
 
 def _write_json(path, report):

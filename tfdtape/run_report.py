@@ -36,17 +36,17 @@ READ_COUNT_NOTE = ("reads: once per eager read, once per trace inside a "
 
 WARNING_ADVICE = {
     "plain variable in replica context": (
-        "a plain variable (created outside strategy.scope()) read inside "
-        "strategy.run under a strategy of several replicas: every replica "
-        "reads and updates that one variable. Create it inside "
-        "strategy.scope(), so that each replica has its own copy"),
+        "a plain variable (created outside strategy.scope()) read or "
+        "differentiated inside strategy.run under a strategy of several "
+        "replicas: every replica reads and updates that one variable. Create "
+        "it inside strategy.scope(), so that each replica has its own copy"),
     "cross-replica gradient on one device": (
         "a cross-replica gradient that only one component of the variables "
         "took part in: the step ran on one device, not on every replica. "
         "Compute the loss inside strategy.run to train on every replica"),
     "refused by tfdtape": (
-        "tfdtape raised these errors instead of a silent wrong answer; the "
-        "script caught them or ended with them"),
+        "errors tfdtape raised (a refusal rather than a silent wrong answer, "
+        "or input it cannot take), whether the script caught them or not"),
 }
 """What each warning kind means and what to do, printed once per kind."""
 
@@ -72,13 +72,15 @@ def build(snapshot, command, exit_status, installed, task,
         raise ValueError("an incomplete recording needs its reason, and only it")
     if (run_exit_status is None) != (run_exit_reason is None):
         raise ValueError("a run exit status of its own needs its reason, and only it")
-    tensorflow = sys.modules.get("tensorflow")
+    version = getattr(sys.modules.get("tensorflow"), "__version__", None)
     return {"schema": SCHEMA, "command": list(command),
             "exit_status": exit_status,
             "run_exit_status": (exit_status if run_exit_status is None
                                 else run_exit_status),
             "run_exit_reason": run_exit_reason,
-            "tensorflow": getattr(tensorflow, "__version__", None),
+            "tensorflow": version,
+            "tensorflow_untested": (None if version is None else
+                                    versions.untested_reason(version)),
             "tfdtape": versions.RELEASE, "installed": installed, "task": task,
             "complete": snapshot["complete"],
             "incomplete_reason": incomplete_reason, **snapshot}
@@ -136,7 +138,9 @@ def _versions_line(report):
     if report["tensorflow"] is None:
         return (f"tfdtape {report['tfdtape']}: the script did not import "
                 "TensorFlow, so there was nothing to record")
-    return (f"TensorFlow {report['tensorflow']}, tfdtape {report['tfdtape']} "
+    untested = " (untested)" if report.get("tensorflow_untested") else ""
+    return (f"TensorFlow {report['tensorflow']}{untested}, tfdtape "
+            f"{report['tfdtape']} "
             + ("installed" if report["installed"] else
                "not installed (stock TensorFlow observed)"))
 
@@ -223,7 +227,8 @@ def _none_gradients(none_gradients, relative, verbose):
         group["count"] += item["count"]
         if item["context"] not in group["contexts"]:
             group["contexts"].append(item["context"])
-    lines = ["", f"None gradients: {_total_count(none_gradients)}"]
+    count = _total_count(none_gradients)
+    lines = ["", f"None gradient{'' if count == 1 else 's'}: {count}"]
     listed = list(groups.items()) if verbose else list(groups.items())[:LISTED]
     for (source, reason, location), group in listed:
         lines += _wrapped(
@@ -276,7 +281,7 @@ def _warnings(warnings, relative, verbose):
         listed = items if verbose else items[:LISTED]
         for item in listed:
             if kind == "plain variable in replica context":
-                text = (f"{item['variable']}: read {_times(item['count'])}, "
+                text = (f"{item['variable']}: used {_times(item['count'])}, "
                         f"first at {relative(item['location'])}")
             elif kind == "refused by tfdtape":
                 text = (f"{_times(item['count'])} at {relative(item['location'])}: "

@@ -1,7 +1,8 @@
 """On/off settings that tfdtape reads from environment variables.
 
 Every switch understands the same words (1/true/yes/on, 0/false/no/off, any
-case, surrounding blanks ignored) and refuses anything else rather than guess.
+case, surrounding blanks ignored; an empty value is the default, as unset)
+and refuses anything else rather than guess.
 This module must not import TensorFlow.
 """
 
@@ -19,14 +20,14 @@ _WORDS = {"1": True, "true": True, "yes": True, "on": True,
 
 
 def read(variable, default, remedy):
-    """The switch `variable`'s value, `default` when it is unset.
+    """The switch `variable`'s value, `default` when it is unset or empty.
 
     Raises:
         ValueError: the variable holds a word not understood; the message
             ends with `remedy`.
     """
     raw = os.environ.get(variable)
-    if raw is None:
+    if raw is None or not raw.strip():  # unset, or set to nothing
         return default
     choice = _WORDS.get(raw.strip().lower())
     if choice is None:
