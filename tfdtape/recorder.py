@@ -44,8 +44,8 @@ PLAIN = "plain"
 REPLICA_PLAIN = "plain variable in replica context"
 ONE_DEVICE = "cross-replica gradient on one device"
 REFUSAL = "refused by tfdtape"
-WARNING_KINDS = (REPLICA_PLAIN, ONE_DEVICE, REFUSAL)
-"""The kinds of warning a snapshot lists, in report order."""
+"""The kinds of warning a snapshot lists, in this order (`run_report`
+explains each)."""
 
 
 class _Variable:
