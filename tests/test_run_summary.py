@@ -146,8 +146,8 @@ def defined_at_frames(text):
     generated files named alike)."""
     lines = text[text.index("defined at"):].splitlines()[1:]
     frames = []
-    for line in lines:
-        if line.strip() and not line.startswith("  File "):
+    for line in lines:  # indented frame and source lines, blank lines
+        if line.strip() and not line[0].isspace():
             break
         frames += re.findall(r'File "([^"]+)", line (\d+), in (\S+)', re.sub(
             r"__autograph_generated_file\w+", "<generated>", line))
