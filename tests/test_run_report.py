@@ -6,6 +6,7 @@ import pytest
 import tensorflow as tf
 
 from tfdtape import run_report
+from tfdtape import versions
 
 
 def report(command=("s.py",), task=None, **snapshot):
@@ -19,7 +20,7 @@ def test_the_report_needs_a_reason_exactly_when_incomplete():
     assert built["tensorflow"] == tf.__version__
     assert built["schema"] == "tfdtape-run/2"
     assert list(built)[10:12] == ["complete", "incomplete_reason"]
-    assert built["tensorflow_untested"] is None
+    assert built["tensorflow_untested"] == versions.untested_reason(tf.__version__)
     assert built["complete"] is True and built["incomplete_reason"] is None
     incomplete = dict(run_report.EMPTY_SNAPSHOT, complete=False)
     with pytest.raises(ValueError, match="needs its reason"):
