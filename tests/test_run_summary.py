@@ -129,7 +129,9 @@ def test_locations_are_relative_to_where_the_run_started(tmp_path, how):
         target, shown = [str(package / "x.py")], "../pkg/x.py:5"
     else:
         target, shown = ["-m", "pkg.x"], "../pkg/x.py:5"
-    environment = {"PYTHONPATH": str(tmp_path)} if how == "-m" else None
+    environment = None if how != "-m" else {  # Bazel finds tfdtape there too
+        "PYTHONPATH": os.pathsep.join(filter(None, [
+            str(tmp_path), os.environ.get("PYTHONPATH")]))}
     completed = tfdtape_run(*target, cwd=start, env=environment)
     assert completed.returncode == 0, completed.stderr
     assert f", once at {shown}\n" in summary_of(completed.stderr)
