@@ -296,3 +296,34 @@ def test_a_plain_gradient_source_in_replica_context_is_warned_about(strategy):
             for w in warnings] == [
                 (recorder_lib.REPLICA_PLAIN, "outside:0", 4,
                  f"{os.path.abspath(__file__)}:{gradient_line}")]
+
+
+def test_a_keras_model_in_cross_replica_context_inside_a_tf_function(strategy):
+    """A Keras 3 step under strategy.scope() without strategy.run, traced:
+    reads count for the container (one component read), the totals and the
+    one-device warning name the Keras paths."""
+    keras = tf.keras
+    if not hasattr(keras, "Variable") or issubclass(keras.Variable, tf.Variable):
+        import pytest  # pylint: disable=g-import-not-at-top
+        pytest.skip("Keras 3 variables need TensorFlow 2.16+")
+    with strategy.scope():
+        layer = keras.layers.Dense(1)
+        layer.build((None, 2))
+
+    @tf.function
+    def step():
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(layer(tf.ones((1, 2))))
+        return tape.gradient(loss, layer.trainable_variables)
+
+    with Recording() as recorder:
+        with strategy.scope():
+            step()
+    snapshot = recorder.snapshot()
+    paths = sorted(variable.path for variable in layer.trainable_variables)
+    assert sorted(v["name"] for v in snapshot["variables"]) == paths
+    assert {(w["variable"], w["how"], w["context"]) for w in snapshot["watched"]} == {
+        (path, recorder_lib.COMPONENT, "cross-replica") for path in paths}
+    assert sorted((t["source"], t["components"])
+                  for t in snapshot["total_derivatives"]) == [(path, 4) for path in paths]
+    assert [w["kind"] for w in snapshot["warnings"]] == [recorder_lib.ONE_DEVICE]

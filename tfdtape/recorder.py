@@ -183,8 +183,7 @@ class Recorder:
                 self._one_device[event.location] += 1
             if event.context == "replica":
                 for source in event.sources:  # read by the C++ fast path, say
-                    inner = keras_variables.inner_or_none(source)
-                    variable = source if inner is None else inner
+                    _, variable = _keras_and_variable(source)
                     if _is_plain(variable):
                         self._note_replica_plain(self._entry(variable, None),
                                                  event.location)
@@ -203,10 +202,8 @@ class Recorder:
     def _source_entry(self, source):
         """The entry of a gradient source: a Keras variable is the variable
         it wraps, named by its path."""
-        keras = source if keras_variables.is_keras_variable(source) else None
-        inner = (keras_variables.inner_or_none(source) if keras is not None
-                 else source)
-        return self._entry(source if inner is None else inner, keras)
+        keras, variable = _keras_and_variable(source)
+        return self._entry(variable, keras)
 
     def _note_replica_plain(self, entry, location=None):
         """Counts a use of the plain variable `entry` in replica context (a
@@ -286,8 +283,7 @@ def _row_of(variable, resolved):
     of its components, else the variable itself (the tf.Variable a Keras
     variable wraps).
     """
-    keras = variable if keras_variables.is_keras_variable(variable) else None
-    inner = keras_variables.unwrap(variable, "tfdtape run")
+    keras, inner = _keras_and_variable(variable)
     if resolution.is_distributed_variable(inner):
         watched_whole = len(resolved) == 1 and resolved[0] is inner
         return inner, CONTAINER if watched_whole else COMPONENTS, keras
@@ -299,6 +295,15 @@ def _row_of(variable, resolved):
     if len(resolved) == 1 and resolved[0] is not inner:
         return resolved[0], CONTAINER, None  # another strategy's container
     return inner, PLAIN, keras
+
+
+def _keras_and_variable(value):
+    """(the Keras 3 variable `value` is, or None; the variable to count it
+    under: the tf.Variable a Keras variable wraps, else `value` itself)."""
+    if not keras_variables.is_keras_variable(value):
+        return None, value
+    inner = keras_variables.inner_or_none(value)
+    return value, value if inner is None else inner
 
 
 def _is_plain(variable):
