@@ -37,9 +37,10 @@ from tfdtape import compat
 from tfdtape import errors
 from tfdtape import explaining
 from tfdtape import keras_variables
+from tfdtape import merge_calls
 from tfdtape import resolution
 from tfdtape import tracing
-from tfdtape import unrecorded_runs
+from tfdtape import replica_recording
 
 _WATCH_SYMBOL = "tf.GradientTape.watch"
 _GRADIENT_SYMBOL = "tf.GradientTape.gradient"
@@ -141,20 +142,19 @@ def make_gradient(original_gradient):
 def _differentiate(original_gradient, tape, target, sources, output_gradients,
                    unconnected_gradients):
     """(gradients, totals, one_device): what `gradient` returns; (source,
-    number of components) for each distributed source whose cross-replica
-    total derivative was summed (not those that came back None); and whether
-    every such total came from one component of several (the step ran on one
-    device, as without strategy.run)."""
+    number of components) for each distributed source whose total derivative
+    over its components was summed (not those that came back None); and
+    whether every such total came from one component of several (the step ran
+    on one device, as without strategy.run)."""
     flat_sources = nest.flatten(sources)
     if not (any(map(_is_distributed_source, flat_sources)) and
-            values_util.get_current_replica_id_as_int() is None):
+            _takes_totals(tape)):
         return original_gradient(
             tape, target, sources, output_gradients=output_gradients,
             unconnected_gradients=unconnected_gradients), (), False
     flat_variables = [keras_variables.unwrap(source, _GRADIENT_SYMBOL)
                       for source in flat_sources]
     components, spans = _split_distributed_sources(flat_variables)
-    unrecorded_runs.check(tape, flat_sources, _GRADIENT_SYMBOL)
     flat_gradients = original_gradient(
         tape, target, components, output_gradients=output_gradients,
         unconnected_gradients=unconnected_gradients)
@@ -171,6 +171,17 @@ def _differentiate(original_gradient, tape, target, sources, output_gradients,
     return nest.pack_sequence_as(sources, totals), summed, one_device
 
 
+def _takes_totals(tape):
+    """Whether a distributed source gets its total derivative over its
+    components: in cross-replica context, and with no strategy from a tape
+    that recorded the replicas of a strategy.run (where TensorFlow would let
+    the variable stand for its first component: replica 0's share alone)."""
+    if values_util.get_current_replica_id_as_int() is None:
+        return True
+    return (replica_recording.spanned_runs(tape) > 0 and
+            not compat.strategy_context.has_strategy())
+
+
 def _report(tape, recorded, sources, result, totals, one_device, frame):
     """Sends a GradientEvent for this call to the open sinks."""
     flat_sources = tuple(nest.flatten(sources))
@@ -181,25 +192,48 @@ def _report(tape, recorded, sources, result, totals, one_device, frame):
         explaining.context_now(), one_device, flat_sources))
 
 
+def make_watched_variables(original_watched_variables):
+    """Returns a `GradientTape.watched_variables` that lists each variable
+    once.
+
+    TensorFlow keys what a tape watched by the handle it was watched through.
+    A tape that recorded the replicas of a strategy.run watched a distributed
+    variable through each replica's component handle, so TensorFlow would
+    list it once per replica (and applying gradients to that list would
+    update it as often). Where nothing repeats, TensorFlow's own tuple is
+    returned.
+    """
+
+    @functools.wraps(original_watched_variables)
+    def watched_variables(self):
+        watched = original_watched_variables(self)
+        seen = set()
+        unique = tuple(variable for variable in watched
+                       if not (id(variable) in seen or seen.add(id(variable))))
+        return watched if len(unique) == len(watched) else unique
+
+    return watched_variables
+
+
 def make_push_tape(original_push_tape):
-    """Returns a `GradientTape._push_tape` that reports to `unrecorded_runs`."""
+    """Returns a `GradientTape._push_tape` that reports to `replica_recording`."""
 
     @functools.wraps(original_push_tape)
     def _push_tape(self):
         is_new = self._tape is None  # pylint: disable=protected-access
         original_push_tape(self)
-        unrecorded_runs.tape_pushed(self, is_new)
+        replica_recording.tape_pushed(self, is_new)
 
     return _push_tape
 
 
 def make_pop_tape(original_pop_tape):
-    """Returns a `GradientTape._pop_tape` that reports to `unrecorded_runs`."""
+    """Returns a `GradientTape._pop_tape` that reports to `replica_recording`."""
 
     @functools.wraps(original_pop_tape)
     def _pop_tape(self):
         original_pop_tape(self)
-        unrecorded_runs.tape_popped(self)
+        replica_recording.tape_popped(self)
 
     return _pop_tape
 
@@ -213,7 +247,8 @@ def _is_distributed_source(source):
 
 
 def _split_distributed_sources(flat_sources):
-    """Replaces each distributed source by its local components.
+    """Replaces each distributed source by its local components (as the
+    current strategy gives them; with no strategy, as the variable's own).
 
     Returns:
         (components, spans): the flat list to differentiate, and for each
@@ -221,14 +256,21 @@ def _split_distributed_sources(flat_sources):
 
     Raises:
         ValueError: a source is an ON_READ (SyncOnRead) variable, whose
-            components do not add up to one value.
+            components do not add up to one value, or a variable of a
+            strategy of several workers (the total would cover this worker's
+            replicas only).
     """
-    strategy = compat.strategy_context.get_strategy()
+    current = (compat.strategy_context.get_strategy()
+               if compat.strategy_context.has_strategy() else None)
     components, spans = [], []
     for source in flat_sources:
         start = len(components)
         if resolution.is_distributed_variable(source):
             _check_differentiable_across_replicas(source)
+            strategy = current or source.distribute_strategy
+            merge_calls.check_single_worker(
+                strategy, _GRADIENT_SYMBOL,
+                f"cannot take the total derivative for {source.name!r}")
             components.extend(strategy.experimental_local_results(source))
         else:
             components.append(source)

@@ -22,6 +22,7 @@ import types
 from typing import Callable, Tuple
 
 from tensorflow.python import pywrap_tfe
+from tensorflow.python.distribute import merge_call_interim
 from tensorflow.python.distribute import mirrored_run
 from tensorflow.python.distribute import values_util
 from tensorflow.python.eager import backprop
@@ -32,8 +33,9 @@ from tfdtape import compat
 from tfdtape import defun
 from tfdtape import errors
 from tfdtape import gradient_tape
+from tfdtape import merge_calls
 from tfdtape import tape_functions
-from tfdtape import unrecorded_runs
+from tfdtape import replica_recording
 
 _MISSING = object()
 
@@ -64,12 +66,16 @@ class PatchTarget:
         make_replacement: called with the original, returns tfdtape's version.
         required: False when a TensorFlow may lack the attribute; it is then
             left alone.
+        defined_in: the module whose namespace TensorFlow's function runs
+            in, where that is not the owner's (an API module re-exporting
+            it); None for the owner's.
     """
     owner: object
     attribute: str
     parameters: Tuple[str, ...]
     make_replacement: Callable[[Callable], Callable]
     required: bool = True
+    defined_in: object = None
 
     @property
     def symbol(self):
@@ -98,8 +104,12 @@ class PatchTarget:
         that defines the owner (or in a module of STAND_IN_MODULES)."""
         if type(value) is not types.FunctionType:  # pylint: disable=unidiomatic-typecheck
             return False  # Proxies such as wrapt's pass isinstance checks.
-        home = (sys.modules.get(self.owner.__module__)
-                if isinstance(self.owner, type) else self.owner)
+        if self.defined_in is not None:
+            home = self.defined_in
+        elif isinstance(self.owner, type):
+            home = sys.modules.get(self.owner.__module__)
+        else:
+            home = self.owner
         modules = [home] + [sys.modules.get(name) for name in STAND_IN_MODULES]
         return any(module is not None and value.__globals__ is vars(module)
                    for module in modules)
@@ -241,15 +251,31 @@ def patch_targets():
                     _unchanged(gradient_tape.watch)),
         PatchTarget(backprop.GradientTape, "gradient", gradient_parameters,
                     gradient_tape.make_gradient),
+        PatchTarget(backprop.GradientTape, "watched_variables", ("self",),
+                    gradient_tape.make_watched_variables),
         PatchTarget(backprop.GradientTape, "_push_tape", ("self",),
                     gradient_tape.make_push_tape),
         PatchTarget(backprop.GradientTape, "_pop_tape", ("self",),
                     gradient_tape.make_pop_tape),
-        PatchTarget(mirrored_run, "call_for_each_replica",
-                    ("strategy", "fn", "args", "kwargs"),
-                    unrecorded_runs.make_call_for_each_replica),
+        PatchTarget(mirrored_run, "_call_for_each_replica",
+                    ("distribution", "fn", "args", "kwargs"),
+                    replica_recording.make_call_for_each_replica),
     ]
     table += [PatchTarget(cls, defun.RESOLVER_METHOD, ("self",),
                           defun.make_resolver_replacement)
               for cls in defun.classes_with_captured_input_resolution()]
+    table += _maybe_merge_call_targets()
     return table
+
+
+def _maybe_merge_call_targets():
+    """A target for each loaded module holding TensorFlow's
+    `maybe_merge_call` or tfdtape's replacement of it."""
+    defined = vars(merge_call_interim).get(merge_calls.ATTRIBUTE)
+    tensorflows = original_of(defined) or defined
+    holding = merge_calls.modules_holding(
+        lambda value: value is tensorflows or original_of(value) is tensorflows)
+    return [PatchTarget(module, merge_calls.ATTRIBUTE, merge_calls.PARAMETERS,
+                        merge_calls.make_maybe_merge_call,
+                        defined_in=merge_call_interim)
+            for module in holding]

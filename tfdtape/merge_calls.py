@@ -1,0 +1,85 @@
+"""`maybe_merge_call` in cross-replica context: gradients apply there.
+
+Keras 3 and tf_keras optimizers apply gradients through
+`tf.__internal__.distribute.interim.maybe_merge_call(fn, strategy, ...)`,
+which in TensorFlow calls `get_replica_context().merge_call(fn, ...)`: in
+cross-replica context (inside `strategy.scope()`, outside `strategy.run`)
+there is no replica context, and it fails with `'NoneType' object has no
+attribute 'merge_call'`. What `merge_call` does for the replicas is call `fn`
+once, in cross-replica context, with the strategy; tfdtape's replacement
+does exactly that when the call is already in cross-replica context and
+TensorFlow would otherwise go through `merge_call`. Everywhere else (replica
+context, no strategy, strategies that need no merge_call) TensorFlow's
+function runs unchanged.
+
+Under a strategy in multi-worker mode, a gradient in cross-replica context
+covers this worker's replicas only, so applying it there would let workers
+drift apart: the call is refused instead.
+
+TensorFlow exports `maybe_merge_call` from several API modules (`tf.__internal__`
+and `tf.compat.v2.__internal__` are separate module objects, and tf_keras
+uses the latter); `modules_holding` finds every loaded module that holds
+it, from the modules' own namespaces (no attribute lookup that would make a
+lazily loaded module import).
+"""
+
+import sys
+
+from tensorflow.python.distribute import merge_call_interim
+
+from tfdtape import compat
+from tfdtape import errors
+from tfdtape import tracing
+
+ATTRIBUTE = "maybe_merge_call"
+PARAMETERS = ("fn", "strategy", "args", "kwargs")
+_SYMBOL = "tf.__internal__.distribute.interim.maybe_merge_call"
+
+
+def modules_holding(is_wanted):
+    """TensorFlow's defining module, then every other loaded module whose own
+    namespace holds a `maybe_merge_call` for which `is_wanted` is true."""
+    found = [merge_call_interim]
+    for module in list(sys.modules.values()):
+        namespace = getattr(module, "__dict__", None)
+        if (module is not merge_call_interim and type(namespace) is dict and  # pylint: disable=unidiomatic-typecheck
+                ATTRIBUTE in namespace and is_wanted(namespace[ATTRIBUTE])):
+            found.append(module)
+    return found
+
+
+def make_maybe_merge_call(original):
+    """Returns a `maybe_merge_call` that, in cross-replica context, calls `fn`
+    with the current strategy instead of failing in `merge_call`."""
+
+    def maybe_merge_call(fn, strategy, *args, **kwargs):
+        current, replica_context = (
+            compat.strategy_context.get_strategy_and_replica_context())
+        if (replica_context is not None or
+                merge_call_interim.strategy_supports_no_merge_call()):
+            return original(fn, strategy, *args, **kwargs)
+        check_single_worker(current, _SYMBOL, "cannot apply gradients")
+        return fn(current, *args, **kwargs)
+
+    maybe_merge_call.__doc__ = original.__doc__
+    return maybe_merge_call
+
+
+def check_single_worker(strategy, symbol, what):
+    """Raises ValueError if `strategy` spans several workers.
+
+    Args:
+        strategy: the strategy of the cross-replica computation.
+        symbol: the API the user called, named in the message.
+        what: what cannot be done, e.g. "cannot apply gradients".
+    """
+    if not strategy.extended._in_multi_worker_mode():  # pylint: disable=protected-access
+        return
+    raise tracing.refused(ValueError(errors.message(
+        f"{what} outside strategy.run under several workers", symbol,
+        "a call inside strategy.run, or a strategy of one worker",
+        f"a call outside strategy.run under a {type(strategy).__name__} in "
+        "multi-worker mode (MultiWorkerMirroredStrategy), where a gradient "
+        "covers this worker's replicas only and the workers would drift apart",
+        "Compute and apply the gradients inside strategy.run, where they are "
+        "all-reduced across workers")))

@@ -1,0 +1,131 @@
+"""Tapes that record the replicas of a `strategy.run` called while they record.
+
+MirroredStrategy (and MultiWorkerMirroredStrategy) runs each replica function
+of a `strategy.run` in a thread of its own, eagerly and while a `tf.function`
+is traced, and a gradient tape records only the thread it was pushed in. So a
+tape recording around `strategy.run` (the loop most people write first) would
+record nothing the replicas compute.
+
+`mirrored_run` runs its replica threads one at a time (never two at once, nor
+together with the calling thread), so tfdtape lets such tapes record in each
+replica thread for exactly the duration of that replica's function: the
+tapes recording in the calling thread outside replica context, pushed in the
+graph `strategy.run` runs in (eagerly: the eager tapes; while a `tf.function`
+is traced: those opened inside it). Not propagated: tapes paused by
+`stop_recording()` (they are popped), any tape while the thread's recording is
+stopped (`tf.init_scope`), tapes of other threads, and tapes opened inside
+replica context. A `tf.function` passed to `strategy.run` traces its replicas
+in a graph of its own, so a tape outside it records its call as one
+operation, as before.
+
+Such a tape is marked (`spanned_runs`), so that a gradient taken from it
+outside replica context is the total derivative over the replicas
+(`tfdtape.gradient_tape`), and `tape.watched_variables()` lists a
+distributed variable once, not once per replica's handle.
+"""
+
+import threading
+
+from tensorflow.python import pywrap_tfe
+from tensorflow.python.eager import tape as tape_module
+from tensorflow.python.framework import ops
+from tensorflow.python.util import traceback_utils
+
+_SPANNED_RUNS = "_tfdtape_spanned_runs"
+"""On a GradientTape: how many strategy.run calls it recorded the replicas of
+since it was (re)started."""
+
+# Kept across importlib.reload: the tapes already recording stay known.
+_recording = globals().get("_recording") or threading.local()
+"""Per thread, `.tapes`: (GradientTape, the graph it was pushed in) for the
+tapes recording there now (pushed outside replica context)."""
+
+
+def _tapes_here():
+    tapes = getattr(_recording, "tapes", None)
+    if tapes is None:
+        tapes = _recording.tapes = []
+    return tapes
+
+
+def tape_pushed(tape, is_new):
+    """Notes that `tape` (a GradientTape) records in this thread from now on.
+
+    A tape pushed in the replica context of a strategy (inside
+    `strategy.run`) is not noted: its own thread is the replica's.
+
+    Args:
+        tape: the GradientTape.
+        is_new: True when it starts on a fresh tape (first use or reset()),
+            which forgets the runs it recorded before.
+    """
+    if is_new:
+        tape.__dict__.pop(_SPANNED_RUNS, None)
+    graph = ops.get_default_graph()
+    stack = graph._distribution_strategy_stack  # pylint: disable=protected-access
+    if stack and stack[-1].replica_context is not None:
+        return
+    _tapes_here().append((tape, graph))
+
+
+def tape_popped(tape):
+    """Notes that `tape` (a GradientTape) stopped recording in this thread."""
+    tapes = _tapes_here()
+    for index, (recording, _) in enumerate(tapes):
+        if recording is tape:
+            del tapes[index]
+            return
+
+
+def spanned_runs(tape):
+    """How many `strategy.run` calls `tape` recorded the replicas of since it
+    was last (re)started; 0 for any other tape."""
+    return tape.__dict__.get(_SPANNED_RUNS, 0)
+
+
+def _tapes_to_propagate():
+    """The tapes of this thread that record what a strategy.run starting now
+    runs: pushed in the current graph, while the thread's recording is on."""
+    tapes = _tapes_here()
+    if not tapes or pywrap_tfe.TFE_Py_TapeSetIsStopped():
+        return []
+    graph = ops.get_default_graph()
+    return [tape for tape, pushed_in in tapes
+            if pushed_in is graph and tape._tape is not None]  # pylint: disable=protected-access
+
+
+def make_call_for_each_replica(original):
+    """Returns a `mirrored_run._call_for_each_replica` whose replica functions
+    record on the tapes recording in the calling thread."""
+
+    def _call_for_each_replica(distribution, fn, args, kwargs):
+        tapes = _tapes_to_propagate()
+        if not tapes:
+            return original(distribution, fn, args, kwargs)
+        for tape in tapes:
+            tape.__dict__[_SPANNED_RUNS] = spanned_runs(tape) + 1
+        return original(distribution, _recorded_by(tapes, fn), args, kwargs)
+
+    _call_for_each_replica.__doc__ = original.__doc__
+    # An error of a replica function reaches the user without this frame.
+    return traceback_utils.filter_traceback(_call_for_each_replica)
+
+
+def _recorded_by(tapes, fn):
+    """`fn`, recording on `tapes` (GradientTapes) in the thread that calls it,
+    for exactly the duration of the call; nothing is left pushed if it
+    raises."""
+    recorded = [tape._tape for tape in tapes]  # pylint: disable=protected-access
+
+    def replica_fn(*args, **kwargs):
+        pushed = []
+        try:
+            for tape in recorded:
+                tape_module.push_tape(tape)
+                pushed.append(tape)
+            return fn(*args, **kwargs)
+        finally:
+            for tape in reversed(pushed):
+                tape_module.pop_tape(tape)
+
+    return replica_fn
