@@ -30,6 +30,16 @@ def strategy():
     return tf.distribute.MirroredStrategy(DEVICES)
 
 
+@pytest.fixture(scope="session")
+def strategy_of_two():
+    """MirroredStrategy over the session's first 2 virtual CPUs, reducing
+    through one device: with TensorFlow's default collective all-reduce, its
+    collective group would clash with the 4-replica strategy's (both take
+    group key 1: "joining a group with size 2, but that group has size 4")."""
+    return tf.distribute.MirroredStrategy(
+        DEVICES[:2], cross_device_ops=tf.distribute.ReductionToOneDevice())
+
+
 @pytest.fixture(params=testing.CONFIGURATIONS)
 def configuration(request):
     """Runs the test in each configuration; yields the configuration's name."""

@@ -8,6 +8,8 @@ program below; `IMPOSSIBLE` lists the others with the reason they cannot
 give a None gradient for that cause.
 """
 
+import contextlib
+
 import pytest
 import tensorflow as tf
 
@@ -239,6 +241,53 @@ def test_recorded_cross_replica_differentiated_in_replica(strategy, kind):
     assert not explanations[0].none_gradients
     assert reasons(explanations[1:]) == {explaining.WRONG_CONTEXT}
     assert "take the gradient where the tape recorded" in str(explanations[1])
+
+
+@pytest.mark.parametrize("kind", ["mirrored", "keras"])
+@pytest.mark.parametrize("configuration", testing.PATCHED_CONFIGURATIONS,
+                         indirect=True)
+def test_watched_cross_replica_differentiated_in_replica(strategy, configuration,
+                                                         kind):
+    """tape.watch(v) in cross-replica context watches every component, the
+    one each replica differentiates included: still the wrong context, as
+    README's table says (it was 'not connected' in replicas 1-3)."""
+    sources = Sources(strategy)
+    source = sources.get(kind)
+    with strategy.scope():
+        tape = tf.GradientTape(persistent=True)
+        with tape:
+            tape.watch(source)
+            loss = read(source) * read(source)
+    explanations = in_context("replica", strategy,
+                              lambda: tfdtape.explain(tape, loss, source))
+    assert float(tf.reduce_sum(explanations[0].gradients)) == 4.0
+    assert not explanations[0].none_gradients
+    assert len(explanations) == 4
+    assert reasons(explanations[1:]) == {explaining.WRONG_CONTEXT}
+
+
+@pytest.mark.parametrize("configuration", testing.PATCHED_CONFIGURATIONS,
+                         indirect=True)
+def test_a_tape_around_strategy_run_gives_total_derivatives(strategy,
+                                                            configuration):
+    with strategy.scope():
+        v = tf.Variable(3.0, name="spanned")
+        unused = tf.Variable(1.0, name="unused")
+    for scope in (strategy.scope, contextlib.nullcontext):
+        with scope():
+            with tf.GradientTape(persistent=True) as tape:
+                loss = strategy.reduce("SUM", strategy.run(lambda: v * v),
+                                       axis=None)
+            explanation = tfdtape.explain(tape, loss, [v, unused])
+        assert float(explanation.gradients[0]) == 24.0
+        assert explanation.total_derivatives == [v]
+        (item,) = explanation.none_gradients
+        assert item.source is unused
+        assert item.reason == explaining.NOT_READ
+        assert str(explanation).splitlines() == [
+            "total derivatives (summed over the replicas' components): "
+            "MirroredVariable 'spanned:0'",
+            "MirroredVariable 'unused:0': " + item.message]
 
 
 @pytest.mark.parametrize("kind", ["mirrored", "keras"])

@@ -102,23 +102,6 @@ def test_train_step_under_scope_matches_one_device(keras, configuration,
                                    rtol=1e-5, atol=1e-6)
 
 
-def test_apply_gradients_in_cross_replica_context_fails_inside_keras(strategy):
-    """The next wall (documented, not patched): Keras 3's optimizer needs
-    replica context to apply gradients."""
-    keras = tf.keras
-    if not is_keras3(keras):
-        pytest.skip(f"tf.keras is Keras 2 in TensorFlow {tf.__version__}; "
-                    "its optimizer applies in cross-replica context")
-    with strategy.scope():
-        model = embedding_model(keras)
-        optimizer = keras.optimizers.SGD(LEARNING_RATE)
-        with tf.GradientTape() as tape:
-            loss = mean_squared_error(model)
-        gradients = tape.gradient(loss, model.trainable_variables)
-        with pytest.raises(AttributeError, match="merge_call"):
-            optimizer.apply_gradients(zip(gradients, model.trainable_variables))
-
-
 def test_apply_gradients_inside_strategy_run_matches_one_device(keras, strategy):
     """The first way that works: the whole step in strategy.run, the batch
     split over the replicas, the optimizer applying in replica context."""

@@ -16,7 +16,7 @@ from tfdtape import tracing
 
 RECORDING_FILES = tuple(
     os.path.join(os.path.dirname(tfdtape.__file__), name)
-    for name in ("recorder.py", "tracing.py", "unrecorded_runs.py"))
+    for name in ("recorder.py", "tracing.py", "replica_recording.py"))
 """Where what the recording keeps is allocated (TensorFlow's own allocations
 on tfdtape's lines, such as the C++ tape's, are not the recorder's)."""
 

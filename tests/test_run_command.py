@@ -36,7 +36,7 @@ def test_a_correct_training_script(tmp_path):
         "name: __main__"]
     summary = summary_of(completed.stderr)
     assert max(len(line) for line in summary.splitlines()) <= 100
-    assert "; None: 0; cross-replica total derivatives: 0" in summary
+    assert "; None: 0; total derivatives: 0" in summary
     report = json.loads(report_path.read_text())
     assert report["schema"] == run_report.SCHEMA == "tfdtape-run/2"
     assert report["exit_status"] == 0 and report["installed"] is True

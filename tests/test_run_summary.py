@@ -232,3 +232,30 @@ def test_both_fail_options_are_named_when_both_apply(tmp_path):
         "tfdtape run exits with status 1: --fail-on-none-gradient, and 1 None "
         "gradient; --fail-on-warning, and 1 warning")
     assert lines[3].startswith("TensorFlow ")
+
+
+def test_a_tape_around_strategy_run_is_counted_with_its_totals(tmp_path):
+    report_path = tmp_path / "report.json"
+    completed = tfdtape_run("--json", str(report_path),
+                            str(SCRIPTS / "spanning_step.py"))
+    assert completed.returncode == 0, completed.stderr
+    # Each step: d loss / d kernel = [3, 3] (the replicas' features 1 and 2).
+    assert completed.stdout == (
+        "kernel [0.1, 0.1] replicas identical True\n")
+    summary = summary_of(completed.stderr)
+    line = next(n for n in summary.splitlines() if n.startswith("Gradients:"))
+    assert line == ("Gradients: 3 tape.gradient calls; None: 0; total "
+                    "derivatives: 6; from tapes around strategy.run: 3")
+    assert "None gradient" not in summary and "Warnings" not in summary
+    assert re.search(r"\n  at \S*spanning_step\.py:26: 2 variables, each the "
+                     r"sum of 2 components, 6 in all\n", summary), summary
+    report = json.loads(report_path.read_text())
+    assert report["gradient_calls_around_runs"] == 3
+    assert report["none_gradients"] == []
+
+
+def test_the_same_step_fails_on_stock_tensorflow():
+    completed = tfdtape_run("--no-install", str(SCRIPTS / "spanning_step.py"))
+    assert completed.returncode == 1
+    assert completed.stdout == ""
+    assert "DistributedVariable.handle is not available" in completed.stderr

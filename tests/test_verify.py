@@ -326,9 +326,23 @@ def break_distributed_source_detection(monkeypatch, strategy):
     return strategy
 
 
-def break_unrecorded_read_check(monkeypatch, strategy):
-    from tfdtape import unrecorded_runs
-    monkeypatch.setattr(unrecorded_runs, "check", lambda *args: None)
+def break_replica_recording(monkeypatch, strategy):
+    from tfdtape import replica_recording
+    monkeypatch.setattr(replica_recording, "_tapes_to_propagate", lambda: [])
+    return strategy
+
+
+def break_no_scope_totals(monkeypatch, strategy):
+    from tfdtape import gradient_tape
+    monkeypatch.setattr(gradient_tape, "_takes_totals", lambda tape: False)
+    return strategy
+
+
+def break_merge_call(monkeypatch, strategy):
+    from tfdtape import merge_calls
+    monkeypatch.setattr(merge_calls, "make_maybe_merge_call",
+                        lambda original: lambda fn, strategy, *args, **kwargs:
+                        original(fn, strategy, *args, **kwargs))
     return strategy
 
 
@@ -388,8 +402,13 @@ BREAKERS = {
     "keras_cross_replica_gradient": (
         break_distributed_source_detection,
         "'raised ValueError: DistributedVariable.handle is not available"),
-    "strategy_run_under_cross_replica_tape": (break_unrecorded_read_check,
-                                              "'gradient None'"),
+    "tape_around_strategy_run": (break_replica_recording, "'gradient None'"),
+    "tape_around_strategy_run_no_scope": (break_no_scope_totals,
+                                          "'gradient 6'"),
+    "apply_gradients_cross_replica": (
+        break_merge_call,
+        "\"raised AttributeError: 'NoneType' object has no attribute "
+        "'merge_call'\""),
     "variable_creator_stack": (use_a_strategy_that_does_not_mirror,
                                "'UnliftedInitializerVariable'"),
     "defun_captured_input_resolution": (

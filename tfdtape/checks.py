@@ -182,18 +182,64 @@ def _keras_cross_replica_gradient(strategy):
     return f"gradient {gradient.numpy().ravel().tolist()}"
 
 
-def _strategy_run_under_cross_replica_tape(strategy):
+def _tape_around_strategy_run(strategy):
     with strategy.scope():
         v = tf.Variable(3.0)
         with tf.GradientTape() as tape:
             loss = strategy.reduce("SUM", strategy.run(lambda: v * v), axis=None)
-        try:
-            gradient = tape.gradient(loss, v)
-        except ValueError as error:
-            if "through an eager strategy.run" in str(error):
-                return "refused, naming strategy.run"
-            raise
-    return f"gradient {gradient}"
+        gradient = tape.gradient(loss, v)
+    return _describe_total(gradient, 6.0 * strategy.num_replicas_in_sync,
+                           tape.watched_variables(), v)
+
+
+def _tape_around_strategy_run_no_scope(strategy):
+    with strategy.scope():
+        v = tf.Variable(3.0)
+    tapes = []
+
+    @tf.function(autograph=False)
+    def step():
+        with tf.GradientTape() as tape:
+            loss = strategy.reduce("SUM", strategy.run(lambda: v * v), axis=None)
+        tapes.append(tape)
+        return tape.gradient(loss, v)
+
+    gradient = step()
+    return _describe_total(gradient, 6.0 * strategy.num_replicas_in_sync,
+                           tapes[0].watched_variables(), v)
+
+
+def _describe_total(gradient, total, watched, variable):
+    """'total over replicas, watched once' or what was found instead."""
+    if gradient is None:
+        return "gradient None"
+    if float(gradient) != total:
+        return f"gradient {float(gradient):g}"
+    if len(watched) != 1 or watched[0] is not variable:
+        return f"total over replicas, watched {len(watched)} times"
+    return "total over replicas, watched once"
+
+
+def _apply_in_cross_replica_context(strategy):
+    keras = tf.keras
+    with strategy.scope():
+        layer = keras.layers.Dense(1, use_bias=False, kernel_initializer="ones")
+        layer.build((None, 2))
+        optimizer = keras.optimizers.SGD(0.5)
+        kernel = layer.trainable_variables[0]
+        # Keras 2 (its variables are tf.Variables) all-reduces in
+        # apply_gradients through merge_call unless told the gradient is
+        # aggregated already.
+        options = ({"skip_gradients_aggregation": True}
+                   if isinstance(kernel, tf.Variable) else {})
+        optimizer.apply_gradients([(tf.constant([[1.0], [2.0]]), kernel)],
+                                  **options)
+    inner = kernel if isinstance(kernel, tf.Variable) else kernel.value
+    copies = [c.numpy().ravel().tolist() for c in inner.values]
+    iterations = int(optimizer.iterations.numpy())
+    if copies == [[0.5, 0.0]] * len(copies) and iterations == 1:
+        return "applied to every replica once"
+    return f"replicas {copies}, iterations {iterations}"
 
 
 def _creator_stack(strategy):
@@ -270,10 +316,18 @@ CHECKS = (
           "A tf.keras layer's gradient in cross-replica context (strategy.scope(),"
           " no strategy.run) equals the one-device gradient.",
           _keras_cross_replica_gradient, "one-device gradient"),
-    Check("strategy_run_under_cross_replica_tape",
-          "A cross-replica gradient through an eager strategy.run, which the "
-          "tape cannot record, is refused naming strategy.run (never None).",
-          _strategy_run_under_cross_replica_tape, "refused, naming strategy.run"),
+    Check("tape_around_strategy_run",
+          "A tape around an eager strategy.run in cross-replica context records "
+          "every replica: the gradient is their total, the variable watched "
+          "once.", _tape_around_strategy_run, "total over replicas, watched once"),
+    Check("tape_around_strategy_run_no_scope",
+          "The same step as a tf.function with no strategy.scope() around it "
+          "(TensorFlow gives replica 0's share or None).",
+          _tape_around_strategy_run_no_scope, "total over replicas, watched once"),
+    Check("apply_gradients_cross_replica",
+          "A Keras optimizer applies gradients in cross-replica context "
+          "(maybe_merge_call calls its function with the strategy).",
+          _apply_in_cross_replica_context, "applied to every replica once"),
     Check("variable_creator_stack",
           "A variable created in a tf.function traced under strategy.scope() "
           "is a MirroredVariable (FuncGraph inherits the creator stack).",

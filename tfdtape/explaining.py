@@ -19,6 +19,7 @@ from tfdtape import compat
 from tfdtape import errors
 from tfdtape import keras_variables
 from tfdtape import resolution
+from tfdtape import tracing
 
 NOT_WATCHED = "not watched"
 """A tensor no `tape.watch` call watched, or a variable the tape never
@@ -65,15 +66,23 @@ class NoneGradient:
 
 @dataclasses.dataclass(frozen=True)
 class Explanation:
-    """What `explain` found: the gradients, and a reason for each None."""
+    """What `explain` found: the gradients, a reason for each None, and the
+    sources whose gradient is a total derivative (the sum over a distributed
+    variable's components: in cross-replica context, and from a tape that
+    recorded the replicas of a strategy.run)."""
     gradients: Any
     none_gradients: List[NoneGradient]
+    total_derivatives: List[Any] = dataclasses.field(default_factory=list)
 
     def __str__(self):
-        if not self.none_gradients:
-            return "every source has a gradient"
-        return "\n".join(f"{_label(item.source)}: {item.message}"
-                         for item in self.none_gradients)
+        lines = []
+        if self.total_derivatives:
+            lines.append(
+                "total derivatives (summed over the replicas' components): " +
+                ", ".join(map(_label, self.total_derivatives)))
+        lines += [f"{_label(item.source)}: {item.message}"
+                  for item in self.none_gradients]
+        return "\n".join(lines) or "every source has a gradient"
 
 
 def explain(tape, target, sources, **gradient_options):
@@ -94,11 +103,13 @@ def explain(tape, target, sources, **gradient_options):
             "Call tfdtape.explain instead of tape.gradient, or create the "
             "tape with persistent=True"))
     recorded = tape._tape  # pylint: disable=protected-access
-    gradients = tape.gradient(target, sources, **gradient_options)
+    with tracing.gradient_totals() as totals:
+        gradients = tape.gradient(target, sources, **gradient_options)
     none_gradients = [
         NoneGradient(*found) for found in none_reasons(
             tape, recorded, nest.flatten(sources), nest.flatten(gradients))]
-    return Explanation(gradients, none_gradients)
+    return Explanation(gradients, none_gradients,
+                       [source for source, _ in totals])
 
 
 def none_reasons(tape, recorded, flat_sources, flat_gradients):
@@ -235,12 +246,15 @@ def _distributed_reason(source, facts):
         return None
     differentiated = components[_replica_index() if facts.context == "replica"
                                 else 0]
+    held = [c for c in components if facts.holds(c)]
     # The tape watches the container through the handle of the component the
     # context picks, which is the one differentiated here (a container
     # watched inside another replica's strategy.run cannot be told apart).
-    if facts.holds(differentiated) or facts.holds(source):
+    # Only the component differentiated here: watched in this replica as it
+    # is (TensorFlow before the commit), and not connected.
+    if facts.holds(source) or (held and all(c is differentiated for c in held)):
         return _not_connected()
-    if not any(facts.holds(c) for c in components):
+    if not held:
         return None
     where = ("inside strategy.run, where each replica differentiates its own "
              "component" if facts.context == "replica" else

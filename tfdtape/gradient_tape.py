@@ -131,6 +131,8 @@ def make_gradient(original_gradient):
         result, totals, one_device = _differentiate(
             original_gradient, self, target, sources, output_gradients,
             unconnected_gradients)
+        if totals:
+            tracing.note_totals(totals)
         if tracing.active:
             _report(self, recorded, sources, result, totals, one_device,
                     sys._getframe(1))  # pylint: disable=protected-access
@@ -189,7 +191,8 @@ def _report(tape, recorded, sources, result, totals, one_device, frame):
                                       nest.flatten(result))
     tracing.record_gradient(tracing.GradientEvent(
         tuple(reasons), totals, call_sites.caller_location(frame),
-        explaining.context_now(), one_device, flat_sources))
+        explaining.context_now(), one_device, flat_sources,
+        replica_recording.spanned_runs(tape) > 0))
 
 
 def make_watched_variables(original_watched_variables):

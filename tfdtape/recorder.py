@@ -143,6 +143,7 @@ class Recorder:
         self._variables = _Variables()
         self._watches = collections.Counter()
         self._gradient_calls = 0
+        self._calls_around_runs = 0
         self._none_gradients = collections.Counter()
         self._messages = {}
         self._totals = collections.Counter()
@@ -168,6 +169,7 @@ class Recorder:
         total derivatives by source and call site."""
         with self._lock:
             self._gradient_calls += 1
+            self._calls_around_runs += event.around_run
             for source in event.sources:
                 if keras_variables.is_keras_variable(source):
                     self._source_entry(source)  # names its variable's row
@@ -246,8 +248,10 @@ class Recorder:
                     key=lambda item: (item[0][0].serial, *item[0][1:]))]
             warnings = self._warnings(names)
             gradient_calls = self._gradient_calls
+            calls_around_runs = self._calls_around_runs
         return {"complete": self.complete, "variables": variables,
                 "watched": watched, "gradient_calls": gradient_calls,
+                "gradient_calls_around_runs": calls_around_runs,
                 "none_gradients": none_gradients, "total_derivatives": totals,
                 "warnings": warnings}
 

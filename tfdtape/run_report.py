@@ -27,7 +27,8 @@ LISTED = 10
 """At most this many groups of a kind are listed without --verbose."""
 
 EMPTY_SNAPSHOT = {"complete": True, "variables": [], "watched": [],
-                  "gradient_calls": 0, "none_gradients": [],
+                  "gradient_calls": 0, "gradient_calls_around_runs": 0,
+                  "none_gradients": [],
                   "total_derivatives": [], "warnings": []}
 """A recorder's snapshot when nothing was recorded."""
 
@@ -210,9 +211,13 @@ def _table(rows, right_aligned_from):
 
 
 def _gradients_line(report):
-    return (f"Gradients: {report['gradient_calls']} tape.gradient calls; None: "
-            f"{_total_count(report['none_gradients'])}; cross-replica total "
-            f"derivatives: {_total_count(report['total_derivatives'])}")
+    line = (f"Gradients: {report['gradient_calls']} tape.gradient calls; None: "
+            f"{_total_count(report['none_gradients'])}; total derivatives: "
+            f"{_total_count(report['total_derivatives'])}")
+    around_runs = report.get("gradient_calls_around_runs", 0)
+    if around_runs:
+        line += f"; from tapes around strategy.run: {around_runs}"
+    return line
 
 
 def _none_gradients(none_gradients, relative, verbose):
@@ -242,6 +247,9 @@ def _none_gradients(none_gradients, relative, verbose):
     return lines
 
 
+_TOTALS_HEADING = "Total derivatives (summed over the replicas' components):"
+
+
 def _totals(totals, relative, verbose):
     """Total derivatives by call site (by variable with `verbose`)."""
     if not totals:
@@ -252,7 +260,7 @@ def _totals(totals, relative, verbose):
             lines += _wrapped(
                 f"{item['source']}: sum of {item['components']} components, "
                 f"{_times(item['count'])} at {relative(item['location'])}")
-        return ["", "Cross-replica total derivatives:"] + lines
+        return ["", _TOTALS_HEADING] + lines
     sites = collections.OrderedDict()
     for item in totals:
         site = sites.setdefault(item["location"], {"variables": set(), "count": 0,
@@ -266,7 +274,7 @@ def _totals(totals, relative, verbose):
             f"at {relative(location)}: {_plural(len(site['variables']), 'variable')}"
             f", each the sum of {components} components, {site['count']} in all")
     lines += _more(len(sites) - min(len(sites), LISTED))
-    return ["", "Cross-replica total derivatives:"] + lines
+    return ["", _TOTALS_HEADING] + lines
 
 
 def _warnings(warnings, relative, verbose):

@@ -18,6 +18,7 @@ as read without calling the Python tape functions, so such reads are not
 recorded; reads of distributed variables always are.
 """
 
+import contextlib
 import dataclasses
 import os
 import sys
@@ -98,6 +99,8 @@ class GradientEvent:
             device (no strategy.run).
         sources: the call's flat sources (so that a sink can name the
             variables a Keras variable wraps by its path).
+        around_run: the tape recorded the replicas of a strategy.run it
+            was recording around.
     """
     none_reasons: Tuple[Tuple[object, str, str], ...]
     totals: Tuple[Tuple[object, int], ...]
@@ -105,6 +108,7 @@ class GradientEvent:
     context: str
     one_device: bool = False
     sources: Tuple[object, ...] = ()
+    around_run: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -187,6 +191,31 @@ def _default_strategy_name():
 
 
 _DEFAULT_STRATEGY_NAME = None
+
+
+# Per thread, `.totals`: the list `gradient_totals()` collects into, if open.
+_collecting = globals().get("_collecting") or threading.local()
+
+
+@contextlib.contextmanager
+def gradient_totals():
+    """Collects, in this thread, the (source, number of components) total
+    derivatives of the `tape.gradient` calls inside the block; yields the
+    list they are added to."""
+    outer = getattr(_collecting, "totals", None)
+    totals = _collecting.totals = []
+    try:
+        yield totals
+    finally:
+        _collecting.totals = outer
+
+
+def note_totals(totals):
+    """Adds one gradient call's total derivatives to the open
+    `gradient_totals()` block of this thread, if any."""
+    collected = getattr(_collecting, "totals", None)
+    if collected is not None:
+        collected.extend(totals)
 
 
 def record_gradient(event):
