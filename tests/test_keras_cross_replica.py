@@ -5,7 +5,8 @@ the replica context" reports: a Keras model's train step called under
 `strategy.scope()` without `strategy.run`. Stock TensorFlow and the pre-seed
 control raise at `tape.gradient`; with tfdtape the gradients equal the
 single-device model's, and applying them with `assign_sub` trains exactly as
-on one device. Keras 3 variables (`tf.keras` from 2.16) are first-class
+on one device (applying with a Keras optimizer there:
+tests/test_spanning_training.py). Keras 3 variables (`tf.keras` from 2.16) are first-class
 wherever tfdtape takes a tf.Variable; Keras 2 (`tf_keras`, `tf.keras` before
 2.16) creates tf.Variables, so its cases check the same programs on them.
 """

@@ -24,6 +24,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 from tensorflow.python import pywrap_tfe
+from tensorflow.python.eager import tape as tape_module
 
 import tfdtape
 from assertions import assert_same_objects
@@ -293,6 +294,23 @@ def test_strategy_run_outside_the_recording_is_not_recorded(strategy, configurat
         assert float(tape.gradient(loss, v)) == 6.0  # v * v alone, on one device
         assert tape.gradient(loss, unused) is None
     assert replica_recording.spanned_runs(tape) == 0
+
+
+@pytest.mark.parametrize("configuration", PATCHED_CONFIGURATIONS, indirect=True)
+def test_nothing_is_propagated_while_the_thread_does_not_record(
+        strategy, configuration):
+    """tf.init_scope() and tape.stop_recording() stop every tape of the
+    thread; a strategy.run there is recorded by none."""
+    with strategy.scope():
+        v = tf.Variable(3.0)
+        with tf.GradientTape(persistent=True) as tape:
+            with tape_module.stop_recording():
+                paused = strategy.reduce("SUM", strategy.run(lambda: v * v),
+                                         axis=None)
+            loss = strategy.reduce("SUM", strategy.run(lambda: v * 2.0), axis=None)
+        assert tape.gradient(paused, v) is None
+        assert float(tape.gradient(loss, v)) == 8.0
+    assert replica_recording.spanned_runs(tape) == 1
 
 
 @pytest.mark.parametrize("configuration", PATCHED_CONFIGURATIONS, indirect=True)

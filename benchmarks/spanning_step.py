@@ -1,0 +1,135 @@
+"""The tape around strategy.run against TensorFlow's tutorial step, both with
+tfdtape installed: the time of a training step on the same model.
+
+- canonical: tape, gradient and `apply_gradients` inside `strategy.run`
+  (the optimizer all-reduces the gradients and applies per replica);
+- spanning: the tape around `strategy.run` and `strategy.reduce`, the
+  gradient (the total over the replicas) and `apply_gradients` in
+  cross-replica context (summed once, applied once).
+
+Eagerly and as a `tf.function`, on MirroredStrategy(2) and (4). Each sample
+runs in a fresh process (tracing slows with every function a process has
+traced), styles alternating; reported are the medians and the ratio
+spanning / canonical. Target: <= 1.0x.
+
+Usage: python benchmarks/spanning_step.py [--samples 4] [--layers 7]
+"""
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+STYLES = ("canonical", "spanning")
+STEPS = {"eager": 8, "tf_function": 40}
+BATCH = 64
+WIDTH = 64
+
+
+def _child(style, replicas, mode, layers):
+    """Times steps of one style in this (fresh) process; prints JSON."""
+    os.environ["TF_CPP_MIN_LOG_LEVEL"] = "3"
+    import tensorflow as tf  # pylint: disable=g-import-not-at-top
+    import tfdtape  # pylint: disable=g-import-not-at-top,unused-import
+    from tfdtape import testing  # pylint: disable=g-import-not-at-top
+
+    tf.get_logger().setLevel("ERROR")
+    strategy = tf.distribute.MirroredStrategy(testing.virtual_cpus(replicas))
+    keras = tf.keras
+    with strategy.scope():
+        model = keras.Sequential(
+            [keras.Input((WIDTH,))] +
+            [keras.layers.Dense(WIDTH, activation="relu") for _ in range(layers)] +
+            [keras.layers.Dense(1)])
+        optimizer = keras.optimizers.SGD(0.01)
+        optimizer.build(model.trainable_variables)
+    dataset = tf.data.Dataset.from_tensor_slices((
+        tf.random.stateless_normal((BATCH, WIDTH), seed=(1, 2)),
+        tf.random.stateless_normal((BATCH, 1), seed=(3, 4)))).batch(BATCH).repeat()
+    features, labels = next(iter(strategy.experimental_distribute_dataset(dataset)))
+    variables = model.trainable_variables
+
+    def share(x, y):
+        error = model(x) - y
+        return tf.nn.compute_average_loss(tf.reduce_sum(error * error, axis=1),
+                                          global_batch_size=BATCH)
+
+    def canonical():
+        def replica_step(x, y):
+            with tf.GradientTape() as tape:
+                loss = share(x, y)
+            gradients = tape.gradient(loss, variables)
+            optimizer.apply_gradients(zip(gradients, variables))
+        strategy.run(replica_step, args=(features, labels))
+
+    def spanning():
+        with tf.GradientTape() as tape:
+            loss = strategy.reduce("SUM", strategy.run(share, args=(features, labels)),
+                                   axis=None)
+        gradients = tape.gradient(loss, variables)
+        optimizer.apply_gradients(zip(gradients, variables))
+
+    step = canonical if style == "canonical" else spanning
+    if mode == "tf_function":
+        step = tf.function(step)
+    times = []
+    with strategy.scope():
+        step()  # warm-up: the trace, or the first eager step
+        for _ in range(STEPS[mode]):
+            start = time.perf_counter()
+            step()
+            times.append(time.perf_counter() - start)
+    print(json.dumps({"step": statistics.median(times)}))
+
+
+def _sample(style, replicas, mode, layers):
+    completed = subprocess.run(
+        [sys.executable, __file__, "--child", style, str(replicas), mode,
+         "--layers", str(layers)], capture_output=True, text=True, check=False,
+        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
+    if completed.returncode != 0:
+        raise RuntimeError(f"the {style} sample failed:\n{completed.stderr[-2000:]}")
+    return json.loads(completed.stdout.strip().splitlines()[-1])["step"]
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--samples", type=int, default=4)
+    parser.add_argument("--layers", type=int, default=7)
+    parser.add_argument("--child", nargs=3, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        style, replicas, mode = args.child
+        _child(style, int(replicas), mode, args.layers)
+        return
+    rows = []
+    for replicas in (2, 4):
+        for mode in ("eager", "tf_function"):
+            found = {style: [] for style in STYLES}
+            for index in range(args.samples):
+                order = STYLES if index % 2 == 0 else STYLES[::-1]
+                for style in order:
+                    found[style].append(_sample(style, replicas, mode, args.layers))
+                print(f"MirroredStrategy({replicas}) {mode} sample "
+                      f"{index + 1}/{args.samples}: " + "  ".join(
+                          f"{s} {found[s][-1] * 1000:.2f} ms" for s in STYLES),
+                      file=sys.stderr, flush=True)
+            medians = {style: statistics.median(times)
+                       for style, times in found.items()}
+            rows.append((replicas, mode, medians))
+    print(f"Dense model, {args.layers} hidden layers of {WIDTH}, global batch "
+          f"{BATCH}, tfdtape installed; {args.samples} fresh processes per "
+          "cell, median step time (ms)")
+    print(f"{'strategy':22} {'mode':12} {'canonical':>10} {'spanning':>10} "
+          f"{'spanning/canonical':>19}")
+    for replicas, mode, medians in rows:
+        print(f"{'MirroredStrategy(' + str(replicas) + ')':22} {mode:12} "
+              f"{medians['canonical'] * 1000:10.2f} {medians['spanning'] * 1000:10.2f} "
+              f"{medians['spanning'] / medians['canonical']:18.3f}x")
+
+
+if __name__ == "__main__":
+    main()
