@@ -6,7 +6,10 @@ can be neither watched nor differentiated. These versions make both work:
 `watch` hands the variable to `tape.watch_variable`, which resolves it to its
 components, and `gradient` differentiates with respect to those components
 and returns their total. In replica context, and with no strategy, both behave
-as TensorFlow's do. `watch` is wrapped in TensorFlow's `filter_traceback`,
+as TensorFlow's do, except that a gradient taken with no strategy from a tape
+that recorded the replicas of a `strategy.run` is that total too
+(`tfdtape.replica_recording`), and `watched_variables` lists each variable
+once. `watch` is wrapped in TensorFlow's `filter_traceback`,
 so its refusals show the user's frames, not tfdtape's
 (`tfdtape.frame_filters`); `gradient` is not, since AutoGraph maps an error
 inside a `tf.function` back to the user's line through the frames it
@@ -117,11 +120,16 @@ def _watchables(structure):
 def make_gradient(original_gradient):
     """Returns a `GradientTape.gradient` that also accepts distributed sources.
 
-    In cross-replica context, a source that is an ON_WRITE distributed
-    variable (such as a `MirroredVariable`), or a Keras 3 variable wrapping
-    one, gets the total derivative: the sum of the gradients with respect to
-    its local components. Everything else goes to `original_gradient`
-    unchanged.
+    In cross-replica context, and with no strategy from a tape that
+    recorded the replicas of a strategy.run, a source that is an ON_WRITE
+    distributed variable (such as a `MirroredVariable`), or a Keras 3
+    variable wrapping one, gets the total derivative: the sum of the
+    gradients with respect to its local components. Everything else goes to
+    `original_gradient` unchanged.
+
+    Raises:
+        ValueError: such a source is ON_READ, or belongs to a strategy of
+            several workers (`tfdtape.merge_calls.check_single_worker`).
     """
 
     @functools.wraps(original_gradient)
