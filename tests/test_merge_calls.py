@@ -134,3 +134,37 @@ def test_an_untouched_optimizer_step_in_replica_context_is_bitwise_stock(strateg
     with testing.stock():
         expected = trained()
     assert trained() == expected
+
+
+def test_per_replica_gradients_applied_in_cross_replica_context_are_refused(
+        strategy, configuration):
+    """Gradients returned from strategy.run, applied outside it: each
+    replica's copy would get its own gradient (the replicas would drift
+    apart); stock fails in merge_call."""
+    with strategy.scope():
+        layer = tf.keras.layers.Dense(1, use_bias=False, kernel_initializer="ones")
+        layer.build((None, 1))
+        optimizer = tf.keras.optimizers.SGD(1.0)
+        optimizer.build(layer.trainable_variables)
+    features = strategy.experimental_distribute_values_from_function(
+        lambda context: tf.constant(
+            [[float(context.replica_id_in_sync_group + 1)]]))
+
+    def replica(x):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(layer(x))
+        return tape.gradient(loss, layer.trainable_variables)
+
+    with strategy.scope():
+        gradients = strategy.run(replica, args=(features,))
+        expected = ((ValueError, "tfdtape: cannot apply per-replica values in "
+                     "cross-replica context") if configuration in PATCHED_CONFIGURATIONS
+                    else (AttributeError, "merge_call"))
+        options = ({"skip_gradients_aggregation": True}
+                   if isinstance(optimizer.iterations, tf.Variable) else {})
+        with pytest.raises(expected[0], match=expected[1]):
+            optimizer.apply_gradients(zip(gradients, layer.trainable_variables),
+                                      **options)
+    kernel = layer.trainable_variables[0]
+    inner = kernel if isinstance(kernel, tf.Variable) else kernel.value
+    assert [c.numpy().tolist() for c in inner.values] == [[[1.0]]] * 4

@@ -223,6 +223,90 @@ def test_an_eager_step_with_no_scope_around_it(strategy, configuration):
     assert float(gradient) == 16.0
 
 
+@pytest.mark.parametrize("flow", ["cond", "loop"])
+@pytest.mark.parametrize("scoped", [False, True], ids=["no_scope", "scope"])
+def test_strategy_run_in_control_flow_under_the_tape(strategy, configuration,
+                                                     flow, scoped):
+    """A strategy.run traced in a tf.cond branch or a tf.range loop body of
+    the tf.function the tape records is recorded as if traced inline."""
+    with strategy.scope():
+        v = tf.Variable(2.0)
+
+    def run():
+        return strategy.reduce("SUM", strategy.run(lambda: v * 3.0), axis=None)
+
+    @tf.function
+    def step():
+        with tf.GradientTape() as tape:
+            if flow == "cond":
+                loss = tf.cond(tf.constant(True), run, lambda: v * 10.0)
+            else:
+                loss = tf.constant(0.0)
+                for _ in tf.range(2):
+                    loss += run()
+        return tape.gradient(loss, v)
+
+    with strategy.scope() if scoped else contextlib.nullcontext():
+        if configuration not in PATCHED_CONFIGURATIONS:
+            if scoped:
+                with pytest.raises(ValueError, match=HANDLE_UNAVAILABLE):
+                    step()
+            else:
+                gradient = step()
+                assert gradient is None or float(gradient) < 12.0  # partial
+            return
+        gradient = step()
+    assert float(gradient) == (12.0 if flow == "cond" else 24.0)
+
+
+def test_an_eager_tape_around_a_tf_function_that_runs_the_replicas(
+        strategy, configuration):
+    """No scope: the tape records the function's call; outside any strategy
+    TensorFlow gives replica 0's share, tfdtape the total."""
+    with strategy.scope():
+        v = tf.Variable(2.0)
+    replicas = tf.function(
+        lambda: strategy.reduce("SUM", strategy.run(lambda: v * v), axis=None))
+    with tf.GradientTape() as tape:
+        loss = replicas()
+    gradient = tape.gradient(loss, v)
+    if configuration not in PATCHED_CONFIGURATIONS:
+        assert float(gradient) == 4.0  # replica 0's share
+        return
+    assert float(gradient) == 16.0
+
+
+@pytest.mark.parametrize("traced", [False, True], ids=["eager", "tf_function"])
+def test_an_all_reduce_inside_the_replicas_says_where_to_put_the_tape(
+        strategy, configuration, traced):
+    """ReplicaContext.all_reduce differentiates only inside the replicas:
+    the error says so."""
+    with strategy.scope():
+        v = tf.Variable(2.0)
+
+    def step():
+        with tf.GradientTape() as tape:
+            per_replica = strategy.run(lambda: tf.distribute.get_replica_context()
+                                       .all_reduce("SUM", v * 3.0))
+            loss = strategy.reduce("SUM", per_replica, axis=None)
+        return tape.gradient(loss, v)
+
+    if traced:
+        step = tf.function(step)
+    with strategy.scope():
+        if configuration not in PATCHED_CONFIGURATIONS:
+            with pytest.raises(ValueError, match=HANDLE_UNAVAILABLE):
+                step()
+            return
+        with pytest.raises(RuntimeError) as raised:
+            step()
+    text = str(raised.value)
+    assert "Need to be inside `call_for_each_replica()`" in text
+    assert ("tfdtape: this tape recorded the replicas of a strategy.run, and "
+            "their backward pass runs here, outside the replicas.") in text
+    assert "open the tape inside the function you pass to strategy.run" in text
+
+
 def test_a_keras_step_with_the_tape_inside_its_tf_function(
         strategy, configuration):
     with strategy.scope():

@@ -62,3 +62,28 @@ def message(failed, symbol, expected, found, remedy):
     """Formats one tfdtape error message in the shape the module doc gives."""
     return (f"tfdtape: {failed} ({symbol}): expected {expected}, found {found} "
             f"in TensorFlow {tensorflow_version()}. {remedy.rstrip('.')}.")
+
+
+def add_note(error, note):
+    """Adds `note` to `error` once (exception notes, PEP 678; Python < 3.11
+    keeps them in __notes__ without printing them)."""
+    notes = getattr(error, "__notes__", [])
+    if note in notes:
+        return
+    if hasattr(error, "add_note"):
+        error.add_note(note)
+    else:
+        error.__notes__ = [*notes, note]
+
+
+def extend_message(error, text):
+    """Appends `text` to `error`'s message on a line of its own, where the
+    message is its one string argument (so that AutoGraph, which re-raises
+    from the message, keeps it); adds it as a note otherwise."""
+    args = error.args
+    if (type(error).__str__ is BaseException.__str__ and len(args) == 1 and
+            isinstance(args[0], str)):
+        if text not in args[0]:
+            error.args = (f"{args[0]}\n{text}",)
+    else:
+        add_note(error, text)

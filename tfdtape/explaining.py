@@ -103,16 +103,17 @@ def explain(tape, target, sources, **gradient_options):
             "Call tfdtape.explain instead of tape.gradient, or create the "
             "tape with persistent=True"))
     recorded = tape._tape  # pylint: disable=protected-access
-    with tracing.gradient_totals() as totals:
+    with tracing.gradient_totals() as summed:
         gradients = tape.gradient(target, sources, **gradient_options)
     none_gradients = [
         NoneGradient(*found) for found in none_reasons(
-            tape, recorded, nest.flatten(sources), nest.flatten(gradients))]
+            tape, recorded, nest.flatten(sources), nest.flatten(gradients),
+            summed.summing)]
     return Explanation(gradients, none_gradients,
-                       [source for source, _ in totals])
+                       [source for source, _ in summed.totals])
 
 
-def none_reasons(tape, recorded, flat_sources, flat_gradients):
+def none_reasons(tape, recorded, flat_sources, flat_gradients, summing):
     """(source, reason, message) for every source whose gradient is None.
 
     Called right after `tape.gradient`, in the context it ran in.
@@ -123,6 +124,9 @@ def none_reasons(tape, recorded, flat_sources, flat_gradients):
             non-persistent tape drops it), which still knows what it watched.
         flat_sources: the sources, flat, as passed.
         flat_gradients: the gradients, flat, in the same order.
+        summing: whether the call differentiated distributed sources by all
+            their components (tfdtape's gradient outside replica context), or
+            as TensorFlow does (stock: outside any strategy, the first).
     """
     missing = [source for source, gradient in zip(flat_sources, flat_gradients)
                if gradient is None]
@@ -133,7 +137,7 @@ def none_reasons(tape, recorded, flat_sources, flat_gradients):
     facts = _Facts(
         watched=tape.watched_variables(),
         watches_reads=tape._watch_accessed_variables,  # pylint: disable=protected-access
-        context=context_now())
+        context=context_now(), summing=summing)
     found = []
     for source in missing:
         if _pywrap_utils.IsTensor(source):
@@ -154,10 +158,13 @@ class _Facts:
         watches_reads: whether the tape watched the variables it saw read.
         context: where the gradient is taken: "no strategy", "replica" or
             "cross-replica".
+        summing: whether distributed sources were differentiated by all
+            their components.
     """
     watched: Any
     watches_reads: bool
     context: str
+    summing: bool
 
     def holds(self, value):
         return any(value is w for w in self.watched)
@@ -235,12 +242,13 @@ def _distributed_reason(source, facts):
     or None when it knows it in none.
 
     Where the gradient is taken decides what the variable stands for: in
-    cross-replica context all its components (tfdtape's total derivative),
-    in replica context the current replica's component, outside any strategy
+    cross-replica context, and outside any strategy with tfdtape's gradient,
+    all its components (the total derivative); in replica context the
+    current replica's component; outside any strategy on stock TensorFlow
     its first component.
     """
     components = list(source.values)
-    if facts.context == "cross-replica":
+    if facts.context == "cross-replica" or facts.summing:
         if facts.holds(source) or any(facts.holds(c) for c in components):
             return _not_connected()
         return None

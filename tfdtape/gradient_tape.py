@@ -136,14 +136,18 @@ def make_gradient(original_gradient):
     def gradient(self, target, sources, output_gradients=None,
                  unconnected_gradients=UnconnectedGradients.NONE):
         recorded = self._tape  # A non-persistent gradient drops it.
-        result, totals, one_device = _differentiate(
-            original_gradient, self, target, sources, output_gradients,
-            unconnected_gradients)
-        if totals:
-            tracing.note_totals(totals)
+        try:
+            result, totals, one_device, summing = _differentiate(
+                original_gradient, self, target, sources, output_gradients,
+                unconnected_gradients)
+        except Exception as error:  # pylint: disable=broad-except
+            if replica_recording.spanned_runs(self):
+                errors.extend_message(error, replica_recording.BACKWARD_NOTE)
+            raise
+        tracing.note_totals(totals, summing)
         if tracing.active:
             _report(self, recorded, sources, result, totals, one_device,
-                    sys._getframe(1))  # pylint: disable=protected-access
+                    summing, sys._getframe(1))  # pylint: disable=protected-access
         return result
 
     return gradient
@@ -151,17 +155,21 @@ def make_gradient(original_gradient):
 
 def _differentiate(original_gradient, tape, target, sources, output_gradients,
                    unconnected_gradients):
-    """(gradients, totals, one_device): what `gradient` returns; (source,
-    number of components) for each distributed source whose total derivative
-    over its components was summed (not those that came back None); and
-    whether every such total came from one component of several (the step ran
-    on one device, as without strategy.run)."""
+    """(gradients, totals, one_device, summing): what `gradient` returns;
+    (source, number of components) for each distributed source whose total
+    derivative over its components was summed (not those that came back
+    None; with no strategy, only those a component beyond the first took
+    part in: the others get TensorFlow's own gradient); whether every such total in cross-replica context came from one
+    component of several (the step ran on one device, as without
+    strategy.run); and whether the sources' components were differentiated
+    (outside replica context) rather than the sources themselves."""
     flat_sources = nest.flatten(sources)
+    cross_replica = values_util.get_current_replica_id_as_int() is None
     if not (any(map(_is_distributed_source, flat_sources)) and
-            _takes_totals(tape)):
+            _outside_replica_context(cross_replica)):
         return original_gradient(
             tape, target, sources, output_gradients=output_gradients,
-            unconnected_gradients=unconnected_gradients), (), False
+            unconnected_gradients=unconnected_gradients), (), False, False
     flat_variables = [keras_variables.unwrap(source, _GRADIENT_SYMBOL)
                       for source in flat_sources]
     components, spans = _split_distributed_sources(flat_variables)
@@ -169,34 +177,38 @@ def _differentiate(original_gradient, tape, target, sources, output_gradients,
         tape, target, components, output_gradients=output_gradients,
         unconnected_gradients=unconnected_gradients)
     totals = [_total(flat_gradients[start:stop]) for start, stop in spans]
-    summed = tuple((source, stop - start) for source, variable, (start, stop), total
-                   in zip(flat_sources, flat_variables, spans, totals)
-                   if resolution.is_distributed_variable(variable) and
-                   total is not None)
-    taking_part = [sum(gradient is not None for gradient in flat_gradients[start:stop])
-                   for variable, (start, stop) in zip(flat_variables, spans)
-                   if resolution.is_distributed_variable(variable) and
-                   stop - start > 1]
-    one_device = bool(summed) and all(count <= 1 for count in taking_part)
-    return nest.pack_sequence_as(sources, totals), summed, one_device
+    # Per distributed source: (source, components, how many took part,
+    # whether one beyond the first did: outside any strategy, TensorFlow's
+    # own gradient is the first's).
+    distributed = [
+        (source, stop - start,
+         sum(g is not None for g in flat_gradients[start:stop]),
+         any(g is not None for g in flat_gradients[start + 1:stop]))
+        for source, variable, (start, stop) in zip(flat_sources, flat_variables, spans)
+        if resolution.is_distributed_variable(variable)]
+    summed = tuple((source, components)
+                   for source, components, count, beyond_first in distributed
+                   if (count if cross_replica else beyond_first))
+    one_device = cross_replica and bool(summed) and all(
+        count <= 1 for _, components, count, _ in distributed if components > 1)
+    return nest.pack_sequence_as(sources, totals), summed, one_device, True
 
 
-def _takes_totals(tape):
+def _outside_replica_context(cross_replica):
     """Whether a distributed source gets its total derivative over its
-    components: in cross-replica context, and with no strategy from a tape
-    that recorded the replicas of a strategy.run (where TensorFlow would let
-    the variable stand for its first component: replica 0's share alone)."""
-    if values_util.get_current_replica_id_as_int() is None:
-        return True
-    return (replica_recording.spanned_runs(tape) > 0 and
-            not compat.strategy_context.has_strategy())
+    components: in cross-replica context, and with no strategy at all (where
+    TensorFlow would let the variable stand for its first component, and a
+    tape that recorded the replicas of a strategy.run, or a tf.function that
+    ran one, would get replica 0's share alone)."""
+    return cross_replica or not compat.strategy_context.has_strategy()
 
 
-def _report(tape, recorded, sources, result, totals, one_device, frame):
+def _report(tape, recorded, sources, result, totals, one_device, summing,
+            frame):
     """Sends a GradientEvent for this call to the open sinks."""
     flat_sources = tuple(nest.flatten(sources))
     reasons = explaining.none_reasons(tape, recorded, flat_sources,
-                                      nest.flatten(result))
+                                      nest.flatten(result), summing)
     tracing.record_gradient(tracing.GradientEvent(
         tuple(reasons), totals, call_sites.caller_location(frame),
         explaining.context_now(), one_device, flat_sources,

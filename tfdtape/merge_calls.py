@@ -14,7 +14,9 @@ function runs unchanged.
 
 Under a strategy in multi-worker mode, a gradient in cross-replica context
 covers this worker's replicas only, so applying it there would let workers
-drift apart: the call is refused instead.
+drift apart: the call is refused instead. So is a call given `PerReplica`
+values (gradients returned from `strategy.run`): applied in cross-replica
+context, each replica's copy would get its own value.
 
 TensorFlow exports `maybe_merge_call` from several API modules (`tf.__internal__`
 and `tf.compat.v2.__internal__` are separate module objects, and tf_keras
@@ -26,6 +28,8 @@ lazily loaded module import).
 import sys
 
 from tensorflow.python.distribute import merge_call_interim
+from tensorflow.python.distribute import values
+from tensorflow.python.util import nest
 
 from tfdtape import compat
 from tfdtape import errors
@@ -59,10 +63,30 @@ def make_maybe_merge_call(original):
                 merge_call_interim.strategy_supports_no_merge_call()):
             return original(fn, strategy, *args, **kwargs)
         check_single_worker(current, _SYMBOL, "cannot apply gradients")
+        _check_no_per_replica_values(args, kwargs)
         return fn(current, *args, **kwargs)
 
     maybe_merge_call.__doc__ = original.__doc__
     return maybe_merge_call
+
+
+def _check_no_per_replica_values(args, kwargs):
+    """Raises ValueError if the arguments hold PerReplica values: applied in
+    cross-replica context, each replica's copy would get its own value, and
+    the replicas would drift apart (in replica context `merge_call` would
+    have all-reduced them)."""
+    found = [value for value in nest.flatten((args, kwargs))
+             if isinstance(value, values.PerReplica)]
+    if found:
+        raise tracing.refused(ValueError(errors.message(
+            "cannot apply per-replica values in cross-replica context", _SYMBOL,
+            "values the same for every replica, such as the gradient of a tape "
+            "around strategy.run, or values reduced with strategy.reduce",
+            f"{len(found)} PerReplica value{'' if len(found) == 1 else 's'} "
+            "(what strategy.run returns), which would update each replica's "
+            "copy with its own value and let the replicas drift apart",
+            "Apply inside the function you pass to strategy.run (the optimizer "
+            "all-reduces there), or reduce the values first")))
 
 
 def check_single_worker(strategy, symbol, what):

@@ -73,7 +73,8 @@ def _observe_gradient(original):
         if tracing.active:
             tracing.record_gradient(tracing.GradientEvent(
                 tuple(explaining.none_reasons(
-                    self, recorded, nest.flatten(sources), nest.flatten(result))),
+                    self, recorded, nest.flatten(sources), nest.flatten(result),
+                    False)),
                 (), call_sites.caller_location(sys._getframe(1)),  # pylint: disable=protected-access
                 explaining.context_now()))
         return result

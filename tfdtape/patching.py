@@ -150,16 +150,7 @@ def _close_block(block, error):
         except errors.PatchConflictError as conflict:
             if error is None:
                 raise
-            _add_note(error, f"While leaving tfdtape.patched(): {conflict}")
-
-
-def _add_note(error, note):
-    """Adds `note` to `error` (exception notes, PEP 678; Python < 3.11 keeps
-    them in __notes__ without printing them)."""
-    if hasattr(error, "add_note"):
-        error.add_note(note)
-    else:
-        error.__notes__ = [*getattr(error, "__notes__", ()), note]
+            errors.add_note(error, f"While leaving tfdtape.patched(): {conflict}")
 
 
 def _install_locked():

@@ -11,7 +11,8 @@ together with the calling thread), so tfdtape lets such tapes record in each
 replica thread for exactly the duration of that replica's function: the
 tapes recording in the calling thread outside replica context, pushed in the
 graph `strategy.run` runs in (eagerly: the eager tapes; while a `tf.function`
-is traced: those opened inside it). Not propagated: tapes paused by
+is traced: those opened inside it, around the `tf.cond` or loop it may run
+in). Not propagated: tapes paused by
 `stop_recording()` (they are popped), any tape while the thread's recording is
 stopped (`tf.init_scope`), tapes of other threads, and tapes opened inside
 replica context. A `tf.function` passed to `strategy.run` traces its replicas
@@ -29,11 +30,22 @@ import threading
 from tensorflow.python import pywrap_tfe
 from tensorflow.python.eager import tape as tape_module
 from tensorflow.python.framework import ops
+from tensorflow.python.ops import control_flow_v2_func_graphs
 from tensorflow.python.util import traceback_utils
 
 _SPANNED_RUNS = "_tfdtape_spanned_runs"
 """On a GradientTape: how many strategy.run calls it recorded the replicas of
 since it was (re)started."""
+
+BACKWARD_NOTE = (
+    "tfdtape: this tape recorded the replicas of a strategy.run, and their "
+    "backward pass runs here, outside the replicas. Operations that "
+    "communicate across replicas inside the replica function (such as "
+    "ReplicaContext.all_reduce or merge_call, and synchronized "
+    "BatchNormalization) cannot be differentiated from here: open the tape "
+    "inside the function you pass to strategy.run, and all-reduce the "
+    "gradients there (as the optimizer does).")
+"""Added to an error raised by such a tape's gradient."""
 
 # Kept across importlib.reload: the tapes already recording stay known.
 _recording = globals().get("_recording") or threading.local()
@@ -85,13 +97,27 @@ def spanned_runs(tape):
 
 def _tapes_to_propagate():
     """The tapes of this thread that record what a strategy.run starting now
-    runs: pushed in the current graph, while the thread's recording is on."""
+    runs, while the thread's recording is on: those pushed in the current
+    graph, or in a graph it is control flow of (a `tf.cond` branch or
+    `tf.while_loop` body traced inside the function the tape records, as it
+    would record the same ops in its own thread)."""
     tapes = _tapes_here()
     if not tapes or pywrap_tfe.TFE_Py_TapeSetIsStopped():
         return []
-    graph = ops.get_default_graph()
+    graphs = _recording_graphs(ops.get_default_graph())
     return [tape for tape, pushed_in in tapes
-            if pushed_in is graph and tape._tape is not None]  # pylint: disable=protected-access
+            if any(pushed_in is graph for graph in graphs) and
+            tape._tape is not None]  # pylint: disable=protected-access
+
+
+def _recording_graphs(graph):
+    """`graph`, and while it is a control-flow graph the graphs around it, up
+    to and including the first that is not (a `tf.function`'s, or eager)."""
+    graphs = [graph]
+    while isinstance(graph, control_flow_v2_func_graphs.ControlFlowFuncGraph):
+        graph = graph.outer_graph
+        graphs.append(graph)
+    return graphs
 
 
 def make_call_for_each_replica(original):

@@ -23,6 +23,7 @@ import dataclasses
 import os
 import sys
 import threading
+import types
 from typing import Optional, Tuple
 
 from tensorflow.python import pywrap_tfe
@@ -193,29 +194,32 @@ def _default_strategy_name():
 _DEFAULT_STRATEGY_NAME = None
 
 
-# Per thread, `.totals`: the list `gradient_totals()` collects into, if open.
+# Per thread, `.found`: what `gradient_totals()` collects into, if open.
 _collecting = globals().get("_collecting") or threading.local()
 
 
 @contextlib.contextmanager
 def gradient_totals():
-    """Collects, in this thread, the (source, number of components) total
-    derivatives of the `tape.gradient` calls inside the block; yields the
-    list they are added to."""
-    outer = getattr(_collecting, "totals", None)
-    totals = _collecting.totals = []
+    """Collects what the `tape.gradient` calls inside the block, in this
+    thread, summed: yields a namespace whose `totals` lists (source, number
+    of components) for each total derivative, and whose `summing` says
+    whether a call differentiated distributed sources by their components
+    (outside replica context, with tfdtape's gradient in place)."""
+    outer = getattr(_collecting, "found", None)
+    found = _collecting.found = types.SimpleNamespace(totals=[], summing=False)
     try:
-        yield totals
+        yield found
     finally:
-        _collecting.totals = outer
+        _collecting.found = outer
 
 
-def note_totals(totals):
-    """Adds one gradient call's total derivatives to the open
-    `gradient_totals()` block of this thread, if any."""
-    collected = getattr(_collecting, "totals", None)
-    if collected is not None:
-        collected.extend(totals)
+def note_totals(totals, summing):
+    """Adds one gradient call's total derivatives, and whether it summed, to
+    the open `gradient_totals()` block of this thread, if any."""
+    found = getattr(_collecting, "found", None)
+    if found is not None:
+        found.totals.extend(totals)
+        found.summing = found.summing or summing
 
 
 def record_gradient(event):
