@@ -30,6 +30,7 @@ from assertions import assert_same_objects
 from conftest import DEVICES
 from keras_models import tf_variable
 from tfdtape import replica_recording
+from tfdtape import testing
 from tfdtape.testing import PATCHED_CONFIGURATIONS
 
 HANDLE_UNAVAILABLE = ("DistributedVariable.handle is not available outside "
@@ -431,7 +432,7 @@ def test_a_replica_function_that_raises_leaves_no_tape_behind(
     # thread's tape set is empty again afterwards.
     with tf.GradientTape() as tape:
         recorded = replica_recording._recorded_by(  # pylint: disable=protected-access
-            [tape], lambda: {}["missing"])
+            [tape], strategy, lambda: {}["missing"])
 
         def thread_body():
             with pytest.raises(KeyError):
@@ -555,3 +556,57 @@ def test_keras_variable_unwrap_keeps_tf_variable_identity(strategy):
         layer = tf.keras.layers.Dense(1)
         layer.build((None, 2))
     assert tf_variable(layer.kernel) is tfdtape.resolve(layer.kernel)[0]
+
+
+def _outside_any_strategy_results(strategy):
+    """Gradients outside any strategy that TensorFlow gets right: an ON_READ
+    source, a -0.0 gradient, a sparse one and an unconnected one, with
+    unconnected_gradients=ZERO; as bytes and types."""
+    with strategy.scope():
+        on_read = tf.Variable(2.0, synchronization=tf.VariableSynchronization.ON_READ,
+                              aggregation=tf.VariableAggregation.SUM, trainable=True)
+        table = tf.Variable([[1.0, 2.0], [3.0, 4.0]])
+        v = tf.Variable(3.0)
+        unused = tf.Variable(1.0)
+    with tf.GradientTape(persistent=True) as tape:
+        tape.watch(on_read)
+        loss = on_read * 5.0 + v * tf.constant(-0.0) + tf.reduce_sum(
+            tf.gather(table, [1]))
+    found = []
+    for source in (on_read, v, table, unused):
+        gradient = tape.gradient(loss, source,
+                                 unconnected_gradients=tf.UnconnectedGradients.ZERO)
+        dense = tf.convert_to_tensor(gradient)
+        found.append((type(gradient).__name__, dense.numpy().tobytes()))
+    found.append(type(tape.gradient(loss, on_read)).__name__)
+    return found
+
+
+@pytest.mark.parametrize("name", ["tfdtape", "tfdtape_alone", "pre_seed"])
+def test_outside_any_strategy_tensorflows_answers_stay_bitwise(strategy, name):
+    with testing.stock():
+        expected = _outside_any_strategy_results(strategy)
+    with testing.configuration(name):
+        found = _outside_any_strategy_results(strategy)
+    assert found == expected
+    assert found[2][0] == "IndexedSlices"  # stays sparse
+    assert found[1][1] == tf.constant(-0.0).numpy().tobytes()
+
+
+def test_an_explicit_watch_outside_any_strategy_covers_every_replica(
+        strategy, configuration):
+    """watch_accessed_variables=False and tape.watch(v) before the run: each
+    replica's share is on the tape."""
+    with strategy.scope():
+        v = tf.Variable(3.0)
+    features = strategy.experimental_distribute_values_from_function(
+        lambda context: tf.constant(float(context.replica_id_in_sync_group + 1)))
+    with tf.GradientTape(watch_accessed_variables=False) as tape:
+        tape.watch(v)
+        loss = strategy.reduce("SUM", strategy.run(lambda x: v * x, args=(features,)),
+                               axis=None)
+    gradient = tape.gradient(loss, v)
+    if configuration not in PATCHED_CONFIGURATIONS:
+        assert gradient is None
+        return
+    assert float(gradient) == 10.0  # 1 + 2 + 3 + 4

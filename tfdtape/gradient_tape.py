@@ -27,6 +27,7 @@ from tensorflow.python.framework import indexed_slices
 from tensorflow.python.framework import ops
 from tensorflow.python.framework import type_spec
 from tensorflow.python.ops import array_ops
+from tensorflow.python.ops import default_gradient
 from tensorflow.python.ops import math_ops
 from tensorflow.python.ops import variables
 from tensorflow.python.ops.unconnected_gradients import UnconnectedGradients
@@ -172,11 +173,21 @@ def _differentiate(original_gradient, tape, target, sources, output_gradients,
             unconnected_gradients=unconnected_gradients), (), False, False
     flat_variables = [keras_variables.unwrap(source, _GRADIENT_SYMBOL)
                       for source in flat_sources]
-    components, spans = _split_distributed_sources(flat_variables)
+    components, spans = _split_distributed_sources(flat_variables, cross_replica)
+    # With no strategy, zeros for what is unconnected are filled in as
+    # TensorFlow fills them, after the sum: a zero for an unconnected
+    # component would count as taking part, and turn TensorFlow's own
+    # gradient of the first component into a sum (-0.0 into +0.0,
+    # IndexedSlices into a dense tensor).
+    fill_zeros = not cross_replica and _asks_for_zeros(unconnected_gradients)
     flat_gradients = original_gradient(
         tape, target, components, output_gradients=output_gradients,
-        unconnected_gradients=unconnected_gradients)
+        unconnected_gradients=(UnconnectedGradients.NONE if fill_zeros
+                               else unconnected_gradients))
     totals = [_total(flat_gradients[start:stop]) for start, stop in spans]
+    if fill_zeros:
+        totals = [default_gradient.zeros_like(source) if total is None else total
+                  for source, total in zip(flat_sources, totals)]
     # Per distributed source: (source, components, how many took part,
     # whether one beyond the first did: outside any strategy, TensorFlow's
     # own gradient is the first's).
@@ -192,6 +203,13 @@ def _differentiate(original_gradient, tape, target, sources, output_gradients,
     one_device = cross_replica and bool(summed) and all(
         count <= 1 for _, components, count, _ in distributed if components > 1)
     return nest.pack_sequence_as(sources, totals), summed, one_device, True
+
+
+def _asks_for_zeros(unconnected_gradients):
+    """Whether `unconnected_gradients` asks for zeros (an invalid value is
+    left to TensorFlow, which names it)."""
+    return unconnected_gradients in (UnconnectedGradients.ZERO,
+                                     UnconnectedGradients.ZERO.value)
 
 
 def _outside_replica_context(cross_replica):
@@ -269,27 +287,30 @@ def _is_distributed_source(source):
         keras_variables.inner_or_none(source))
 
 
-def _split_distributed_sources(flat_sources):
-    """Replaces each distributed source by its local components (as the
-    current strategy gives them; with no strategy, as the variable's own).
+def _split_distributed_sources(flat_sources, cross_replica):
+    """Replaces each distributed source by its local components: in
+    cross-replica context as the current strategy gives them; with no
+    strategy as the variable's own gives them, where an ON_READ variable
+    stays itself (TensorFlow's gradient for it).
 
     Returns:
         (components, spans): the flat list to differentiate, and for each
         original source the (start, stop) slice of `components` it became.
 
     Raises:
-        ValueError: a source is an ON_READ (SyncOnRead) variable, whose
-            components do not add up to one value, or a variable of a
-            strategy of several workers (the total would cover this worker's
-            replicas only).
+        ValueError: in cross-replica context, a source is an ON_READ
+            (SyncOnRead) variable, whose components do not add up to one
+            value; or a source is a variable of a strategy of several workers
+            (the total would cover this worker's replicas only).
     """
-    current = (compat.strategy_context.get_strategy()
-               if compat.strategy_context.has_strategy() else None)
+    current = compat.strategy_context.get_strategy() if cross_replica else None
     components, spans = [], []
     for source in flat_sources:
         start = len(components)
-        if resolution.is_distributed_variable(source):
-            _check_differentiable_across_replicas(source)
+        if resolution.is_distributed_variable(source) and (
+                cross_replica or not _is_on_read(source)):
+            if cross_replica:
+                _check_differentiable_across_replicas(source)
             strategy = current or source.distribute_strategy
             merge_calls.check_single_worker(
                 strategy, _GRADIENT_SYMBOL,
@@ -301,9 +322,13 @@ def _split_distributed_sources(flat_sources):
     return components, spans
 
 
+def _is_on_read(variable):
+    return variable.synchronization == variables.VariableSynchronization.ON_READ
+
+
 def _check_differentiable_across_replicas(variable):
     """Raises ValueError for an ON_READ distributed variable."""
-    if variable.synchronization == variables.VariableSynchronization.ON_READ:
+    if _is_on_read(variable):
         raise tracing.refused(ValueError(errors.message(
             f"cannot differentiate with respect to {variable.name!r} in "
             "cross-replica context", _GRADIENT_SYMBOL,

@@ -33,6 +33,8 @@ from tensorflow.python.framework import ops
 from tensorflow.python.ops import control_flow_v2_func_graphs
 from tensorflow.python.util import traceback_utils
 
+from tfdtape import resolution
+
 _SPANNED_RUNS = "_tfdtape_spanned_runs"
 """On a GradientTape: how many strategy.run calls it recorded the replicas of
 since it was (re)started."""
@@ -130,25 +132,38 @@ def make_call_for_each_replica(original):
             return original(distribution, fn, args, kwargs)
         for tape in tapes:
             tape.__dict__[_SPANNED_RUNS] = spanned_runs(tape) + 1
-        return original(distribution, _recorded_by(tapes, fn), args, kwargs)
+        return original(distribution, _recorded_by(tapes, distribution, fn),
+                        args, kwargs)
 
     _call_for_each_replica.__doc__ = original.__doc__
     # An error of a replica function reaches the user without this frame.
     return traceback_utils.filter_traceback(_call_for_each_replica)
 
 
-def _recorded_by(tapes, fn):
+def _recorded_by(tapes, distribution, fn):
     """`fn`, recording on `tapes` (GradientTapes) in the thread that calls it,
     for exactly the duration of the call; nothing is left pushed if it
-    raises."""
-    recorded = [tape._tape for tape in tapes]  # pylint: disable=protected-access
+    raises.
+
+    The variables of `distribution` a tape watched before the run (an
+    explicit `tape.watch(v)` outside the replicas watches `v` through the
+    first component's handle only) are watched in each replica too, through
+    that replica's component, so that a tape that does not watch what it
+    reads still records every replica's share.
+    """
+    recorded = [(tape._tape, [  # pylint: disable=protected-access
+        variable for variable in tape.watched_variables()
+        if resolution.is_distributed_variable(variable) and
+        variable.distribute_strategy is distribution]) for tape in tapes]
 
     def replica_fn(*args, **kwargs):
         pushed = []
         try:
-            for tape in recorded:
+            for tape, watched in recorded:
                 tape_module.push_tape(tape)
                 pushed.append(tape)
+                for variable in watched:  # its handle here: this replica's
+                    pywrap_tfe.TFE_Py_TapeWatchVariable(tape._tape, variable)  # pylint: disable=protected-access
             return fn(*args, **kwargs)
         finally:
             for tape in reversed(pushed):
