@@ -610,3 +610,33 @@ def test_an_explicit_watch_outside_any_strategy_covers_every_replica(
         assert gradient is None
         return
     assert float(gradient) == 10.0  # 1 + 2 + 3 + 4
+
+
+def _keras_gradients_outside_any_strategy(strategy):
+    """A Keras model built under the strategy, differentiated by a tf.function
+    step called outside any scope (no strategy.run): as bytes."""
+    with strategy.scope():
+        model = tf.keras.Sequential([
+            tf.keras.Input((3,)),
+            tf.keras.layers.Dense(4, activation="tanh",
+                                  kernel_initializer="ones"),
+            tf.keras.layers.Dense(1, kernel_initializer="ones")])
+
+    @tf.function
+    def step(features):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(model(features) ** 2)
+        return tape.gradient(loss, model.trainable_variables)
+
+    gradients = step(tf.constant([[0.1, -0.2, 0.3], [0.5, 0.0, -0.4]]))
+    return [tf.convert_to_tensor(g).numpy().tobytes() for g in gradients]
+
+
+@pytest.mark.parametrize("name", ["tfdtape", "tfdtape_alone", "pre_seed"])
+def test_a_keras_model_outside_any_strategy_is_bitwise_stock(strategy, name):
+    """Only the first component takes part: TensorFlow's own gradients."""
+    with testing.stock():
+        expected = _keras_gradients_outside_any_strategy(strategy)
+    with testing.configuration(name):
+        found = _keras_gradients_outside_any_strategy(strategy)
+    assert found == expected

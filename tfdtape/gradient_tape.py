@@ -160,10 +160,11 @@ def _differentiate(original_gradient, tape, target, sources, output_gradients,
     (source, number of components) for each distributed source whose total
     derivative over its components was summed (not those that came back
     None; with no strategy, only those a component beyond the first took
-    part in: the others get TensorFlow's own gradient); whether every such total in cross-replica context came from one
-    component of several (the step ran on one device, as without
-    strategy.run); and whether the sources' components were differentiated
-    (outside replica context) rather than the sources themselves."""
+    part in: the others get TensorFlow's own gradient); whether every such
+    total in cross-replica context came from one component of several (the
+    step ran on one device, as without strategy.run); and whether the
+    sources' components were differentiated (outside replica context)
+    rather than the sources themselves."""
     flat_sources = nest.flatten(sources)
     cross_replica = values_util.get_current_replica_id_as_int() is None
     if not (any(map(_is_distributed_source, flat_sources)) and

@@ -19,10 +19,12 @@ replica context. A `tf.function` passed to `strategy.run` traces its replicas
 in a graph of its own, so a tape outside it records its call as one
 operation, as before.
 
-Such a tape is marked (`spanned_runs`), so that a gradient taken from it
-outside replica context is the total derivative over the replicas
-(`tfdtape.gradient_tape`), and `tape.watched_variables()` lists a
-distributed variable once, not once per replica's handle.
+Outside replica context `tfdtape.gradient_tape` differentiates a
+distributed variable by all its components, so such a tape's gradient is the
+total derivative over the replicas, and its `watched_variables()` lists a
+distributed variable once, not once per replica's handle. The tape is
+counted (`spanned_runs`) for the run report, and so that an error of its
+backward pass can say where the tape belongs (`BACKWARD_NOTE`).
 """
 
 import threading
