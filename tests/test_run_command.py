@@ -652,7 +652,8 @@ def test_a_forked_child_does_not_report(tmp_path):
     script = tmp_path / "forks.py"
     script.write_text("import os\n"
                       "pid = os.fork()\n"
-                      "print('child' if pid == 0 else 'parent', flush=True)\n"
+                      # One write each: print's two writes interleave.
+                      "os.write(1, b'child\\n' if pid == 0 else b'parent\\n')\n"
                       "if pid:\n    os.waitpid(pid, 0)\n")
     completed = tfdtape_run("--json", str(tmp_path / "r.json"), str(script))
     assert completed.returncode == 0, completed.stderr

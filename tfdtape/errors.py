@@ -64,6 +64,11 @@ def message(failed, symbol, expected, found, remedy):
             f"in TensorFlow {tensorflow_version()}. {remedy.rstrip('.')}.")
 
 
+def is_tfdtape_error(error):
+    """True for an exception whose message tfdtape wrote (`message`)."""
+    return str(error).startswith("tfdtape: ")
+
+
 def add_note(error, note):
     """Adds `note` to `error` once (exception notes, PEP 678; Python < 3.11
     keeps them in __notes__ without printing them)."""

@@ -29,7 +29,6 @@ from tensorflow.python.framework import type_spec
 from tensorflow.python.ops import array_ops
 from tensorflow.python.ops import default_gradient
 from tensorflow.python.ops import math_ops
-from tensorflow.python.ops import variables
 from tensorflow.python.ops.unconnected_gradients import UnconnectedGradients
 from tensorflow.python.platform import tf_logging as logging
 from tensorflow.python.util import _pywrap_utils
@@ -42,6 +41,7 @@ from tfdtape import errors
 from tfdtape import explaining
 from tfdtape import keras_variables
 from tfdtape import merge_calls
+from tfdtape import on_read_sources
 from tfdtape import resolution
 from tfdtape import tracing
 from tfdtape import replica_recording
@@ -128,9 +128,14 @@ def make_gradient(original_gradient):
     gradients with respect to its local components. Everything else goes to
     `original_gradient` unchanged.
 
+    An ON_READ source outside any strategy gets the derivative with
+    respect to its aggregate where it has one (`tfdtape.on_read_sources`).
+
     Raises:
-        ValueError: such a source is ON_READ, or belongs to a strategy of
-            several workers (`tfdtape.merge_calls.check_single_worker`).
+        ValueError: such a source is ON_READ in cross-replica context, or
+            outside any strategy with no one derivative; or it belongs to a
+            strategy of several workers
+            (`tfdtape.merge_calls.check_single_worker`).
     """
 
     @functools.wraps(original_gradient)
@@ -142,7 +147,8 @@ def make_gradient(original_gradient):
                 original_gradient, self, target, sources, output_gradients,
                 unconnected_gradients)
         except Exception as error:  # pylint: disable=broad-except
-            if replica_recording.spanned_runs(self):
+            if (replica_recording.spanned_runs(self) and
+                    not errors.is_tfdtape_error(error)):
                 errors.extend_message(error, replica_recording.BACKWARD_NOTE)
             raise
         tracing.note_totals(totals, summing)
@@ -169,6 +175,12 @@ def _differentiate(original_gradient, tape, target, sources, output_gradients,
     cross_replica = values_util.get_current_replica_id_as_int() is None
     if not (any(map(_is_distributed_source, flat_sources)) and
             _outside_replica_context(cross_replica)):
+        if _asks_for_zeros(unconnected_gradients):
+            # TensorFlow builds the zeros of a Keras 3 source from its dtype,
+            # a string there: it gets those of the tf.Variable it wraps.
+            sources = nest.pack_sequence_as(sources, [
+                keras_variables.unwrap(source, _GRADIENT_SYMBOL)
+                for source in flat_sources])
         return original_gradient(
             tape, target, sources, output_gradients=output_gradients,
             unconnected_gradients=unconnected_gradients), (), False, False
@@ -185,10 +197,14 @@ def _differentiate(original_gradient, tape, target, sources, output_gradients,
         tape, target, components, output_gradients=output_gradients,
         unconnected_gradients=(UnconnectedGradients.NONE if fill_zeros
                                else unconnected_gradients))
-    totals = [_total(flat_gradients[start:stop]) for start, stop in spans]
+    totals = [
+        on_read_sources.derivative(variable, flat_gradients[start:stop])
+        if not cross_replica and _is_on_read_variable(variable)
+        else _total(flat_gradients[start:stop])
+        for variable, (start, stop) in zip(flat_variables, spans)]
     if fill_zeros:
-        totals = [default_gradient.zeros_like(source) if total is None else total
-                  for source, total in zip(flat_sources, totals)]
+        totals = [default_gradient.zeros_like(variable) if total is None else total
+                  for variable, total in zip(flat_variables, totals)]
     # Per distributed source: (source, components, how many took part,
     # whether one beyond the first did: outside any strategy, TensorFlow's
     # own gradient is the first's).
@@ -291,8 +307,7 @@ def _is_distributed_source(source):
 def _split_distributed_sources(flat_sources, cross_replica):
     """Replaces each distributed source by its local components: in
     cross-replica context as the current strategy gives them; with no
-    strategy as the variable's own gives them, where an ON_READ variable
-    stays itself (TensorFlow's gradient for it).
+    strategy as the variable's own gives them.
 
     Returns:
         (components, spans): the flat list to differentiate, and for each
@@ -308,10 +323,11 @@ def _split_distributed_sources(flat_sources, cross_replica):
     components, spans = [], []
     for source in flat_sources:
         start = len(components)
-        if resolution.is_distributed_variable(source) and (
-                cross_replica or not _is_on_read(source)):
-            if cross_replica:
-                _check_differentiable_across_replicas(source)
+        if resolution.is_distributed_variable(source):
+            if cross_replica and on_read_sources.is_on_read(source):
+                raise on_read_sources.refusal(
+                    source, on_read_sources.CROSS_REPLICA,
+                    "whose replicas hold different values")
             strategy = current or source.distribute_strategy
             merge_calls.check_single_worker(
                 strategy, _GRADIENT_SYMBOL,
@@ -323,21 +339,9 @@ def _split_distributed_sources(flat_sources, cross_replica):
     return components, spans
 
 
-def _is_on_read(variable):
-    return variable.synchronization == variables.VariableSynchronization.ON_READ
-
-
-def _check_differentiable_across_replicas(variable):
-    """Raises ValueError for an ON_READ distributed variable."""
-    if _is_on_read(variable):
-        raise tracing.refused(ValueError(errors.message(
-            f"cannot differentiate with respect to {variable.name!r} in "
-            "cross-replica context", _GRADIENT_SYMBOL,
-            "an ON_WRITE distributed variable such as a MirroredVariable",
-            f"an ON_READ {type(variable).__name__}, whose replicas hold "
-            "different values",
-            "Compute the gradient inside strategy.run, where each replica "
-            "differentiates with respect to its own component")))
+def _is_on_read_variable(variable):
+    return (resolution.is_distributed_variable(variable) and
+            on_read_sources.is_on_read(variable))
 
 
 def _total(gradients):

@@ -5,28 +5,44 @@ variables resolved by `tfdtape.resolution.resolve` instead of TensorFlow's
 own resolver hook (`tape._variables_override`), so the commit's semantics hold
 whether or not that hook is registered. A decision is traced only after the
 tape took it.
+
+Outside any strategy, `watch_variable` of a distributed variable also
+watches the handles of all its local components (as tensors, so the tape
+still lists the variable once): TensorFlow watches it through its first
+component's handle alone, and a tape that does not watch what it reads
+would then miss every other replica's share of a `strategy.run` it records,
+or of a `tf.function` that runs one.
 """
 
 from tensorflow.python import pywrap_tfe
+from tensorflow.python.framework import ops
 
 from tfdtape import resolution
 from tfdtape import tracing
 
+_tape_watch = pywrap_tfe.TFE_Py_TapeWatch
 _tape_watch_variable = pywrap_tfe.TFE_Py_TapeWatchVariable
 _tape_variable_accessed = pywrap_tfe.TFE_Py_TapeVariableAccessed
 _watcher_variable_accessed = pywrap_tfe.TFE_Py_VariableWatcherVariableAccessed
 _resolve = resolution.resolve
+_get_default_graph = ops.get_default_graph
 _ResourceVariable = resolution.RESOURCE_VARIABLE
 _CONTAINER_REFERENCE = resolution.CONTAINER_REFERENCE
 _AGGREGATING_REFERENCE = resolution.AGGREGATING_REFERENCE
 
 
 def watch_variable(tape, variable):
-    """Marks `variable`, as resolved in the current context, watched by `tape`."""
+    """Marks `variable`, as resolved in the current context, watched by `tape`
+    (outside any strategy, a distributed variable through every local
+    component's handle)."""
     watched = _resolve(variable)
     for var in watched:
         _tape_watch_variable(tape._tape, var)  # pylint: disable=protected-access
         _watcher_variable_accessed(var)
+    if (len(watched) == 1 and resolution.is_distributed_variable(watched[0]) and
+            not _get_default_graph()._distribution_strategy_stack):  # pylint: disable=protected-access
+        for component in watched[0].values:
+            _tape_watch(tape._tape, component.handle)  # pylint: disable=protected-access
     if tracing.active:
         tracing.record("watch", variable, watched)
 
