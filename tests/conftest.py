@@ -18,6 +18,14 @@ REPLICAS = 4
 DEVICES = testing.virtual_cpus(REPLICAS)
 
 
+def pytest_addoption(parser):
+    parser.addoption("--fuzz-cases", type=int, default=None,
+                     help="generated programs per device layout "
+                     "(tests/test_generated_programs.py; default CI's)")
+    parser.addoption("--fuzz-seed", type=int, default=None,
+                     help="the generated programs' seed (default CI's)")
+
+
 def pytest_configure(config):
     config.addinivalue_line(
         "markers", "pip_installed: needs tfdtape pip-installed (its pytest11 "

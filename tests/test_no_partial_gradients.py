@@ -288,3 +288,53 @@ def test_a_refusal_inside_a_tape_around_the_run_has_no_collective_note(
         step()
     assert "whose replicas hold different values" in str(raised.value)
     assert "communicate across replicas" not in str(raised.value)
+
+
+@pytest.mark.parametrize("traced", [False, True], ids=["eager", "tf_function"])
+def test_a_per_replica_target_is_the_sum_of_its_replicas(
+        strategy, configuration, traced):
+    """Found by the generated programs: `tape.gradient(per_replica, w)`, as
+    of several targets, differentiates their sum (stock refuses a PerReplica
+    target: eagerly with a TypeError, traced with a ValueError)."""
+    w, replica_value = make_variable(strategy, "eager")
+    inputs = replica_inputs(strategy)
+
+    def step():
+        with tf.GradientTape() as tape:
+            per_replica = strategy.run(lambda x: replica_value(x) ** 2, args=(inputs,))
+        return tape.gradient(per_replica, w)
+
+    if traced:
+        step = tf.function(step)
+    if configuration not in PATCHED_CONFIGURATIONS:
+        with pytest.raises((TypeError, ValueError), match="PerReplica|Argument `target`"):
+            step()
+        return
+    assert float(step()) == 60.0  # Σ 2 (r + 1)² w
+
+
+def test_an_error_of_another_cause_in_the_backward_pass_has_no_collective_note(
+        strategy, configuration):
+    """Found by the generated programs: the note about operations that
+    communicate across replicas went onto every error of such a tape's
+    backward pass."""
+    with strategy.scope():
+        w = tf.Variable(1.0)
+
+    @tf.custom_gradient
+    def fails_backward(x):
+        def backward(upstream):
+            raise ValueError("the user's backward failed")
+        return tf.identity(x), backward
+
+    with strategy.scope():
+        with tf.GradientTape() as tape:
+            loss = strategy.reduce("SUM", strategy.run(lambda: fails_backward(w * 2.0)),
+                                   axis=None)
+        if configuration not in PATCHED_CONFIGURATIONS:
+            with pytest.raises(ValueError, match="handle is not available"):
+                tape.gradient(loss, w)
+            return
+        with pytest.raises(ValueError, match="the user's backward failed") as raised:
+            tape.gradient(loss, w)
+    assert "communicate across replicas" not in str(raised.value)

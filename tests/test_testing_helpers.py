@@ -62,3 +62,19 @@ def test_unknown_configuration_is_refused():
             "expected one of stock, tfdtape, tfdtape_alone, pre_seed, "
             "found 'bogus'")):
         testing.configuration("bogus")
+
+
+@pytest.mark.parametrize("outer", ["tfdtape_alone", "pre_seed"])
+@pytest.mark.parametrize("inner", ["stock", "tfdtape"])
+def test_a_configuration_with_the_resolver_on_nests_in_one_with_it_off(
+        outer, inner):
+    """Results cached under stock TensorFlow may first be asked for inside
+    another configuration (tests run in any order under pytest-xdist)."""
+    with testing.configuration(outer):
+        assert not testing.native_resolver_is_registered()
+        with testing.configuration(inner):
+            assert testing.native_resolver_is_registered()
+            assert tfdtape.is_installed() == (inner == "tfdtape")
+        assert not testing.native_resolver_is_registered()
+        assert tfdtape.is_installed() == (outer == "tfdtape_alone")
+    assert testing.native_resolver_is_registered() and tfdtape.is_installed()

@@ -19,6 +19,7 @@ leaves in place.
 import functools
 import sys
 
+from tensorflow.python.distribute import values as values_lib
 from tensorflow.python.distribute import values_util
 from tensorflow.python.eager import backprop_util
 from tensorflow.python.eager import tape as tape_module
@@ -121,7 +122,9 @@ def _watchables(structure):
 def make_gradient(original_gradient):
     """Returns a `GradientTape.gradient` that also accepts distributed sources.
 
-    In cross-replica context, and with no strategy from a tape that
+    A `PerReplica` target stands for the sum of its replicas' values (with
+    no `output_gradients`). In cross-replica context, and with no strategy
+    from a tape that
     recorded the replicas of a strategy.run, a source that is an ON_WRITE
     distributed variable (such as a `MirroredVariable`), or a Keras 3
     variable wrapping one, gets the total derivative: the sum of the
@@ -148,7 +151,7 @@ def make_gradient(original_gradient):
                 unconnected_gradients)
         except Exception as error:  # pylint: disable=broad-except
             if (replica_recording.spanned_runs(self) and
-                    not errors.is_tfdtape_error(error)):
+                    replica_recording.is_cross_replica_backward_error(error)):
                 errors.extend_message(error, replica_recording.BACKWARD_NOTE)
             raise
         tracing.note_totals(totals, summing)
@@ -171,6 +174,8 @@ def _differentiate(original_gradient, tape, target, sources, output_gradients,
     step ran on one device, as without strategy.run); and whether the
     sources' components were differentiated (outside replica context)
     rather than the sources themselves."""
+    if output_gradients is None:
+        target = nest.map_structure(_replicas_if_per_replica, target)
     flat_sources = nest.flatten(sources)
     cross_replica = values_util.get_current_replica_id_as_int() is None
     if not (any(map(_is_distributed_source, flat_sources)) and
@@ -220,6 +225,15 @@ def _differentiate(original_gradient, tape, target, sources, output_gradients,
     one_device = cross_replica and bool(summed) and all(
         count <= 1 for _, components, count, _ in distributed if components > 1)
     return nest.pack_sequence_as(sources, totals), summed, one_device, True
+
+
+def _replicas_if_per_replica(target):
+    """A `PerReplica` target as the list of its replicas' values (the
+    gradient of several targets is that of their sum; TensorFlow refuses a
+    PerReplica there); any other target as itself."""
+    if isinstance(target, values_lib.PerReplica):
+        return list(target.values)
+    return target
 
 
 def _asks_for_zeros(unconnected_gradients):

@@ -35,6 +35,7 @@ from tensorflow.python.framework import ops
 from tensorflow.python.ops import control_flow_v2_func_graphs
 from tensorflow.python.util import traceback_utils
 
+from tfdtape import errors
 from tfdtape import resolution
 
 _SPANNED_RUNS = "_tfdtape_spanned_runs"
@@ -49,7 +50,23 @@ BACKWARD_NOTE = (
     "BatchNormalization) cannot be differentiated from here: open the tape "
     "inside the function you pass to strategy.run, and all-reduce the "
     "gradients there (as the optimizer does).")
-"""Added to an error raised by such a tape's gradient."""
+"""Added to an error raised by such a tape's gradient that
+`is_cross_replica_backward_error` recognises."""
+
+_CROSS_REPLICA_SIGNS = ("call_for_each_replica", "merge_call", "replica context",
+                        "Collective", "Nccl")
+"""Words of TensorFlow's errors for a collective or merge_call differentiated
+outside the replicas: replica-context checks (`merge_call` needs to be inside
+`call_for_each_replica()`), and collective ops with no gradient."""
+
+
+def is_cross_replica_backward_error(error):
+    """Whether `error`, raised by the gradient of a tape that recorded the
+    replicas, is TensorFlow's for an operation that communicates across
+    replicas (not tfdtape's own refusals, nor errors of other causes)."""
+    text = str(error)
+    return not errors.is_tfdtape_error(error) and any(
+        sign in text for sign in _CROSS_REPLICA_SIGNS)
 
 # Kept across importlib.reload: the tapes already recording stay known.
 _recording = globals().get("_recording") or threading.local()

@@ -124,33 +124,65 @@ def _native_resolver(enabled):
     """Switches TensorFlow's native resolution on or off inside the block.
 
     Switching it off in TensorFlow 2.12 replaces the tape functions, so
-    tfdtape must be uninstalled then.
+    tfdtape must be uninstalled then. Switching it on inside a block that
+    switched it off puts the state from before that block back for the
+    inner block.
     """
-    global _inline_resolution_switched_off
-    if enabled and not native_resolver_is_registered():
-        raise RuntimeError("tfdtape.testing: TensorFlow's native resolver was "
-                           "switched off outside tfdtape.testing; cannot "
-                           "restore stock TensorFlow")
-    if enabled:
+    if enabled and native_resolver_is_registered():
         yield
-    elif compat.HAS_RESOLVER_REGISTRY:
-        saved = tape_module._variables_override  # pylint: disable=protected-access
-        tape_module._variables_override = tape_module.default_get_variables  # pylint: disable=protected-access
+    elif enabled:
+        # Switched off by an enclosing block: put its saved state back
+        # for this block.
+        if not _switched_off_states:
+            raise RuntimeError("tfdtape.testing: TensorFlow's native resolver "
+                               "was switched off outside tfdtape.testing; "
+                               "cannot restore stock TensorFlow")
+        state = _resolution_state()
+        _set_resolution_state(_switched_off_states[0], -1)
         try:
             yield
         finally:
-            tape_module._variables_override = saved  # pylint: disable=protected-access
+            _set_resolution_state(state, 1)
     else:
-        saved = {name: vars(tape_module)[name] for name in _UNRESOLVED_FUNCTIONS}
-        for name, unresolved in _UNRESOLVED_FUNCTIONS.items():
-            setattr(tape_module, name, unresolved)
-        _inline_resolution_switched_off += 1
+        state = _resolution_state()
+        _switched_off_states.append(state)
+        _set_resolution_state(_resolution_off(), 1)
         try:
             yield
         finally:
-            _inline_resolution_switched_off -= 1
-            for name, original in saved.items():
-                setattr(tape_module, name, original)
+            _switched_off_states.pop()
+            _set_resolution_state(state, -1)
+
+
+# The states that blocks switching the resolver off saved, outermost first.
+_switched_off_states = globals().get("_switched_off_states", [])
+
+
+def _resolution_off():
+    """The state of TensorFlow's resolution switched off."""
+    if compat.HAS_RESOLVER_REGISTRY:
+        return tape_module.default_get_variables
+    return _UNRESOLVED_FUNCTIONS
+
+
+def _resolution_state():
+    """What TensorFlow's resolution is now: the registered resolver (2.13+),
+    or the tape functions (2.12)."""
+    if compat.HAS_RESOLVER_REGISTRY:
+        return tape_module._variables_override  # pylint: disable=protected-access
+    return {name: vars(tape_module)[name] for name in _UNRESOLVED_FUNCTIONS}
+
+
+def _set_resolution_state(state, switched_off_change):
+    """Puts `state` (as `_resolution_state` gives it) in place; in 2.12 also
+    counts the blocks that have it off."""
+    global _inline_resolution_switched_off
+    if compat.HAS_RESOLVER_REGISTRY:
+        tape_module._variables_override = state  # pylint: disable=protected-access
+        return
+    for name, function in state.items():
+        setattr(tape_module, name, function)
+    _inline_resolution_switched_off += switched_off_change
 
 
 @contextlib.contextmanager

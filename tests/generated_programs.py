@@ -1,0 +1,275 @@
+"""Generated programs: small tape programs over many choices, an oracle that
+knows nothing of tfdtape, and the classification of what a run gave.
+
+A `Program` is one choice per dimension of `DIMENSIONS`: the strategy, the
+kind of variable, where the tape is, which scope is open, how the variable is
+watched, persistence, a second-order tape, the target, control flow around
+`strategy.run`, an unconnected source, an extra read on another device, and
+an optimizer step. `generate(seed, count)` draws valid programs from a
+seeded random generator; `run(program, devices)` builds and runs one in the
+current TensorFlow configuration and returns what it gave (values as plain
+floats, or the exception); `oracle(program, replicas)` works the right
+answer out in closed form, on one device's math: replica r's input is
+x_r = r + 1 and its value (x_r v)², with v = 1.5 the variable's value.
+
+A plain seeded generator rather than Hypothesis: the programs run in one
+subprocess per device layout, many per process, and the outcome counts per
+seed are what CI and the closing notes compare; each program prints as one
+line (`Program.spec`) that `run_one` replays, and `shrink` reduces a failure
+to the fewest choices away from `SIMPLEST` that still fail, which is what
+shrinking would give.
+"""
+
+import dataclasses
+import json
+import random
+import re
+
+import numpy as np
+
+VALUE = 1.5
+"""Every variable's initial value (each component's, for ON_READ ones)."""
+EXTRA = 3.0
+"""The factor of the extra read: target += EXTRA * v."""
+LEARNING_RATE = 0.125
+
+DIMENSIONS = {
+    "strategy": ("none", "one_device", "mirrored"),
+    "variable": ("plain", "mirrored", "in_function", "keras_dense",
+                 "on_read_sum", "on_read_mean"),
+    "tape": ("in_replica", "in_replica_traced", "around_run", "in_function",
+             "around_function", "direct"),
+    "scope": ("everything", "none", "recording"),
+    "watch": ("auto", "explicit_before", "explicit_inside"),
+    "persistent": (False, True),
+    "nested": (False, True),
+    "target": ("reduce_sum", "reduce_mean", "local_sum", "per_replica"),
+    "control": ("straight", "cond", "loop"),
+    "unconnected": ("none", "none_extra", "zero_extra"),
+    "extra_read": (False, True),
+    "step": ("gradient", "sgd"),
+}
+"""Each dimension's choices."""
+
+SIMPLEST = {name: choices[0] for name, choices in DIMENSIONS.items()}
+SIMPLEST.update(tape="around_run", variable="mirrored", strategy="mirrored")
+"""The choices a failure is shrunk towards."""
+
+OUTCOMES = ("right", "clear_error", "silent_wrong", "worse_than_stock",
+            "unclear_error", "alone_differs")
+"""How a program's run with tfdtape is classified; only the first two pass."""
+PASSING = ("right", "clear_error")
+
+REFUSE = "refuse"
+"""The oracle's answer where the program has no right value: only a clear
+error is right."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Program:
+    strategy: str
+    variable: str
+    tape: str
+    scope: str
+    watch: str
+    persistent: bool
+    nested: bool
+    target: str
+    control: str
+    unconnected: str
+    extra_read: bool
+    step: str
+
+    def spec(self):
+        """One line of JSON that `Program.from_spec` reads back."""
+        return json.dumps(dataclasses.asdict(self), sort_keys=True)
+
+    @classmethod
+    def from_spec(cls, text):
+        return cls(**json.loads(text))
+
+    @property
+    def in_replica(self):
+        return self.tape in ("in_replica", "in_replica_traced")
+
+
+def valid(program):
+    """Whether `program`'s choices make a program (each choice that cannot
+    apply is pinned to its dimension's first)."""
+    p = program
+    if p.variable.startswith("on_read") and p.strategy != "mirrored":
+        return False  # Outside MirroredStrategy they are plain variables.
+    if p.variable.startswith("on_read") and p.step == "sgd":
+        return False
+    if p.tape == "direct" and (p.target != "reduce_sum" or p.control != "straight"):
+        return False
+    if p.in_replica and (p.target != "reduce_sum" or p.control != "straight"):
+        return False
+    if p.watch == "explicit_inside" and p.tape in ("in_replica", "in_replica_traced",
+                                                   "around_function", "direct"):
+        return False
+    if p.strategy == "none" and p.scope != "none":
+        return False  # The default strategy's scope changes nothing.
+    if p.target == "per_replica" and p.control != "straight":
+        return False  # Control flow returns the reduced target.
+    if p.nested and p.step == "sgd":
+        return False
+    if p.variable == "plain" and p.strategy == "mirrored" and p.step == "sgd":
+        # A Keras optimizer made in MirroredStrategy's scope updates variables
+        # made there only (an AssertionError, stock TensorFlow's too).
+        return False
+    return True
+
+
+def generate(seed, count):
+    """`count` valid programs drawn from a random generator seeded `seed`."""
+    rng = random.Random(seed)
+    programs = []
+    while len(programs) < count:
+        program = Program(**{name: rng.choice(choices)
+                             for name, choices in DIMENSIONS.items()})
+        if valid(program):
+            programs.append(program)
+    return programs
+
+
+def shrink(program, fails):
+    """The program closest to SIMPLEST (fewest choices away) reached from
+    `program` by setting one choice at a time to SIMPLEST's, for which
+    `fails(program)` still holds."""
+    changed = True
+    while changed:
+        changed = False
+        for name, simplest in SIMPLEST.items():
+            if getattr(program, name) == simplest:
+                continue
+            candidate = dataclasses.replace(program, **{name: simplest})
+            if valid(candidate) and fails(candidate):
+                program, changed = candidate, True
+    return program
+
+
+# The oracle --------------------------------------------------------------
+
+
+def replicas_of(program, layout_replicas):
+    """How many replicas the program's strategy has in a layout of
+    `layout_replicas` devices."""
+    return layout_replicas if program.strategy == "mirrored" else 1
+
+
+def oracle(program, layout_replicas):
+    """The right result of `program` (as `run` reports results), or REFUSE.
+
+    Worked out on one device: the target is the sum over replicas of
+    (x_r v)², divided by the number of replicas for a MEAN reduce, plus
+    EXTRA * v for the extra read; the gradient is its derivative in v, the
+    second order its second derivative, the optimizer step v - lr * g.
+    """
+    p = program
+    n = replicas_of(p, layout_replicas)
+    on_read = p.variable.startswith("on_read")
+    extra = EXTRA if p.extra_read else 0.0
+    if p.in_replica:
+        per_replica = [2.0 * (r + 1) ** 2 * VALUE + extra for r in range(n)]
+        result = {"gradient": [_with_unused(p, g) for g in per_replica]}
+        if p.persistent:
+            result["gradient_again"] = result["gradient"]
+        if p.nested:
+            result["second_order"] = [2.0 * (r + 1) ** 2 for r in range(n)]
+        if p.step == "sgd":  # Keras sums the replicas' gradients.
+            result["weights"] = VALUE - LEARNING_RATE * sum(per_replica)
+        return result
+    if p.tape == "direct":
+        value = VALUE * (n if p.variable == "on_read_sum" else 1)
+        gradient, second = 2.0 * value + extra, 2.0
+        if on_read and _gradient_in_scope(p):
+            return REFUSE  # No one derivative in cross-replica context.
+    else:
+        scale = 1.0 / n if p.target == "reduce_mean" else 1.0
+        if on_read and (n > 1 or _gradient_in_scope(p)):
+            return REFUSE  # Each replica read its own component.
+        gradient = scale * sum(2.0 * (r + 1) ** 2 * VALUE for r in range(n)) + extra
+        second = scale * sum(2.0 * (r + 1) ** 2 for r in range(n))
+    result = {"gradient": _with_unused(p, gradient)}
+    if p.persistent:
+        result["gradient_again"] = result["gradient"]
+    if p.nested:
+        result["second_order"] = second
+    if p.step == "sgd":
+        result["weights"] = VALUE - LEARNING_RATE * gradient
+    return result
+
+
+def _gradient_in_scope(program):
+    """Whether the gradient is taken in cross-replica context."""
+    return program.scope == "everything" and program.strategy != "none"
+
+
+def _with_unused(program, gradient):
+    if program.unconnected == "none":
+        return gradient
+    return [gradient, 0.0 if program.unconnected == "zero_extra" else None]
+
+
+# Classification ----------------------------------------------------------
+
+
+def same(found, expected):
+    """Whether a run's result matches `expected` (structure, None and values
+    within float32 rounding)."""
+    if isinstance(expected, dict):
+        return (isinstance(found, dict) and found.keys() == expected.keys() and
+                all(same(found[k], expected[k]) for k in expected))
+    if isinstance(expected, list):
+        return (isinstance(found, list) and len(found) == len(expected) and
+                all(same(f, e) for f, e in zip(found, expected)))
+    if expected is None or found is None:
+        return found is expected
+    return bool(np.isclose(found, expected, rtol=1e-5, atol=1e-6))
+
+
+def classify(expected, stock, with_tfdtape, alone):
+    """The outcome (one of OUTCOMES) of a program whose oracle gave
+    `expected`, from its runs on stock TensorFlow, with tfdtape and with
+    tfdtape alone (each a result, or an exception as `describe` gives it)."""
+    if not _same_outcome(with_tfdtape, alone):
+        return "alone_differs"
+    stock_right = expected != REFUSE and not _is_error(stock) and same(stock, expected)
+    if _is_error(with_tfdtape):
+        if stock_right:
+            return "worse_than_stock"
+        if with_tfdtape["error"].startswith("tfdtape: "):
+            return "clear_error"
+        if _is_error(stock) and stock == with_tfdtape:
+            return "clear_error"  # Stock fails alike.
+        return "unclear_error"
+    if expected != REFUSE and same(with_tfdtape, expected):
+        return "right"
+    return "worse_than_stock" if stock_right else "silent_wrong"
+
+
+def describe(error):
+    """An exception as a run reports it: its type, and the line of its
+    message that says what failed (tfdtape's, else the last: AutoGraph and
+    graph execution put TensorFlow's own there), without the parts that
+    differ from run to run (numbers of traced functions, nodes, addresses)."""
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    # A note tfdtape adds to TensorFlow's error is not the error.
+    ours = [line for line in lines if "tfdtape: " in line and
+            not line.startswith("tfdtape: this tape recorded the replicas")]
+    line = (ours or lines or [""])[0 if ours else -1]
+    line = line[line.find("tfdtape: "):] if ours else line
+    line = re.sub(r"0x[0-9a-f]+", "0x?", line)
+    line = re.sub(r"(__inference_\w+?_|_)\d+\b", r"\1?", line)
+    return {"type": type(error).__name__, "error": line}
+
+
+def _is_error(result):
+    return isinstance(result, dict) and "error" in result and "type" in result
+
+
+def _same_outcome(one, other):
+    if _is_error(one) or _is_error(other):
+        return one == other
+    return same(one, other) and same(other, one)

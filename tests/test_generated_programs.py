@@ -1,0 +1,147 @@
+"""Generated programs against an oracle that knows nothing of tfdtape.
+
+One subprocess per device layout (1, 2 and 4 virtual CPUs) runs the
+programs `generated_programs.generate` draws for the seed, each on stock
+TensorFlow, with tfdtape and with tfdtape alone; the test fails on any
+outcome but "right" and "clear_error", listing the failing programs (and,
+shrunk, the fewest choices that still fail) as specs that
+`generated_programs_process.py --program SPEC` replays. The counts per
+outcome and per dimension are printed (`pytest -s`).
+
+The seed and the number of programs per layout are CI's by default;
+`--fuzz-cases N` / `--fuzz-seed S` (or TFDTAPE_FUZZ_CASES and
+TFDTAPE_FUZZ_SEED) run longer searches by hand.
+"""
+
+import collections
+import dataclasses
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+import generated_programs as gp
+
+HERE = pathlib.Path(__file__).resolve().parent
+CI_SEED = 22
+CI_CASES = 120
+"""Programs per layout in CI: about 40 s of a subprocess each."""
+LAYOUTS = (1, 2, 4)
+TIME_LIMIT = 1800
+
+
+def search_size(config):
+    """(seed, cases per layout) from the options, the environment or CI's."""
+    seed = config.getoption("fuzz_seed") or os.environ.get("TFDTAPE_FUZZ_SEED")
+    cases = config.getoption("fuzz_cases") or os.environ.get("TFDTAPE_FUZZ_CASES")
+    return (int(seed) if seed else CI_SEED), (int(cases) if cases else CI_CASES)
+
+
+def run_layout(devices, seed, cases):
+    """The records the subprocess prints for one layout."""
+    environment = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3",
+                       PYTHONPATH=os.pathsep.join(
+                           [str(HERE), *sys.path]))
+    completed = subprocess.run(
+        [sys.executable, str(HERE / "generated_programs_process.py"),
+         "--devices", str(devices), "--seed", str(seed), "--cases", str(cases),
+         "--shrink"], capture_output=True, text=True, env=environment,
+        timeout=TIME_LIMIT, check=False)
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    return [json.loads(line) for line in completed.stdout.splitlines()]
+
+
+def summary(records, devices):
+    """Counts per outcome, and per dimension's choice, as text."""
+    lines = [f"{len(records)} programs on {devices} virtual CPU(s): " +
+             ", ".join(f"{outcome} {count}" for outcome, count in
+                       collections.Counter(r["outcome"] for r in records).most_common())]
+    stock_wrong = sum(r["outcome"] == "right" and not gp.same(
+        r["found"]["stock"], r["expected"]) for r in records)
+    lines.append(f"  right with tfdtape where stock is not: {stock_wrong}")
+    for name in gp.DIMENSIONS:
+        counts = collections.defaultdict(collections.Counter)
+        for record in records:
+            counts[record["program"][name]][record["outcome"]] += 1
+        lines.append(f"  {name}: " + "; ".join(
+            f"{choice} " + "/".join(f"{o} {n}" for o, n in sorted(c.items()))
+            for choice, c in sorted(counts.items(), key=lambda item: str(item[0]))))
+    return "\n".join(lines)
+
+
+@pytest.mark.parametrize("devices", LAYOUTS, ids=lambda d: f"{d}_cpus")
+def test_generated_programs_give_the_right_value_or_a_clear_error(
+        request, devices):
+    seed, cases = search_size(request.config)
+    records = run_layout(devices, seed, cases)
+    assert len(records) == cases
+    print("\n" + summary(records, devices))
+    failing = [r for r in records if r["outcome"] not in gp.PASSING]
+    assert not failing, "\n\n".join(
+        f"{r['outcome']}: {json.dumps(r['program'])}\n  shrunk: "
+        f"{json.dumps(r.get('shrunk'))}\n  expected: {r['expected']}\n  "
+        f"found: {json.dumps(r['found'])[:1500]}" for r in failing[:10])
+    if devices > 1:  # The search tells stock from tfdtape.
+        assert any(r["outcome"] == "right" and not gp.same(
+            r["found"]["stock"], r["expected"]) for r in records)
+
+
+def test_the_oracle_works_the_sum_over_replicas_out_on_one_device():
+    program = gp.Program(**gp.SIMPLEST)  # a tape around an eager run, SUM
+    assert gp.oracle(program, 4) == {"gradient": 90.0}  # Σ 2 (r+1)² 1.5
+    mean = gp.Program(**dict(gp.SIMPLEST, target="reduce_mean", extra_read=True,
+                             nested=True, unconnected="zero_extra"))
+    assert gp.oracle(mean, 2) == {"gradient": [7.5 + 3.0, 0.0],
+                                  "second_order": 5.0}
+    on_read = gp.Program(**dict(gp.SIMPLEST, variable="on_read_sum"))
+    assert gp.oracle(on_read, 2) == gp.REFUSE
+    assert gp.oracle(dataclasses.replace(on_read, scope="none"), 1) == {
+        "gradient": 3.0}  # One component: no share.
+    replica = gp.Program(**dict(gp.SIMPLEST, tape="in_replica", step="sgd"))
+    assert gp.oracle(replica, 2) == {"gradient": [3.0, 12.0],
+                                     "weights": 1.5 - 0.125 * 15.0}
+
+
+@pytest.mark.parametrize("stock, found, alone, outcome", [
+    ({"gradient": 1.0}, {"gradient": 3.0}, {"gradient": 3.0}, "right"),
+    ({"gradient": 3.0}, {"gradient": 1.0}, {"gradient": 1.0}, "worse_than_stock"),
+    (None, {"gradient": 1.0}, {"gradient": 1.0}, "silent_wrong"),
+    (None, {"gradient": None}, {"gradient": None}, "silent_wrong"),
+    (None, {"type": "ValueError", "error": "tfdtape: refused"},
+     {"type": "ValueError", "error": "tfdtape: refused"}, "clear_error"),
+    ({"type": "KeyError", "error": "x"}, {"type": "KeyError", "error": "x"},
+     {"type": "KeyError", "error": "x"}, "clear_error"),
+    (None, {"type": "KeyError", "error": "x"}, {"type": "KeyError", "error": "x"},
+     "unclear_error"),
+    (None, {"gradient": 3.0}, {"gradient": 1.0}, "alone_differs"),
+])
+def test_outcomes_are_classified(stock, found, alone, outcome):
+    assert gp.classify({"gradient": 3.0}, stock, found, alone) == outcome
+
+
+def test_a_refusal_is_right_only_as_a_clear_error():
+    refused = {"type": "ValueError", "error": "tfdtape: refused"}
+    assert gp.classify(gp.REFUSE, None, refused, refused) == "clear_error"
+    assert gp.classify(gp.REFUSE, None, {"gradient": 1.0},
+                       {"gradient": 1.0}) == "silent_wrong"
+
+
+def test_a_failure_shrinks_to_the_choices_that_matter():
+    program = gp.Program(**dict(gp.SIMPLEST, persistent=True, extra_read=True,
+                                target="local_sum", scope="none"))
+    shrunk = gp.shrink(program, lambda p: p.extra_read and p.scope == "none")
+    assert shrunk == gp.Program(**dict(gp.SIMPLEST, extra_read=True, scope="none"))
+
+
+def test_errors_are_described_by_the_line_that_says_what_failed():
+    note = ("tfdtape: this tape recorded the replicas of a strategy.run, and "
+            "their backward pass runs here")
+    assert gp.describe(ValueError(f"in user code:\n  File x\n  Boom 0x7f3a\n{note}")) == {
+        "type": "ValueError", "error": note}
+    assert gp.describe(ValueError("in user code:\n\n    LookupError: op_12 failed")) == {
+        "type": "ValueError", "error": "LookupError: op_? failed"}
+    assert gp.describe(RuntimeError("[tfdtape: no (x): y.] [Op:__inference_f_155]")) == {
+        "type": "RuntimeError", "error": "tfdtape: no (x): y.] [Op:__inference_f_?]"}
