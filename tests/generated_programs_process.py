@@ -27,6 +27,7 @@ import tensorflow as tf  # noqa: E402
 import generated_programs as gp  # noqa: E402
 from tfdtape import testing  # noqa: E402
 
+KERAS3 = not issubclass(getattr(tf.keras, "Variable", tf.Variable), tf.Variable)
 CONFIGURATIONS = {"stock": testing.stock, "tfdtape": testing.with_tfdtape,
                   "alone": testing.tfdtape_alone}
 
@@ -217,7 +218,12 @@ class Build:
             results["second_order"] = outer.gradient(
                 self.first(results["gradient"]), self.w)
         if self.optimizer is not None:
-            self.optimizer.apply_gradients([(self.first(results["gradient"]), self.w)])
+            # Keras 2 aggregates through merge_call unless told not to, which
+            # fails outside replica context (README: a total needs none).
+            options = ({} if KERAS3 or not tf.distribute.in_cross_replica_context()
+                       else {"skip_gradients_aggregation": True})
+            self.optimizer.apply_gradients(
+                [(self.first(results["gradient"]), self.w)], **options)
         return results
 
     def run_outside(self):
