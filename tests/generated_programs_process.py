@@ -51,23 +51,31 @@ class Layout:
 
 def make_variable(program, strategy):
     """A fresh variable of the program's kind, and the function giving the
-    value a replica computes from its input x: x * v."""
+    value a replica computes from its input x: x * v (with a gather read, v
+    is the first element of a vector of two, read by tf.gather)."""
     kind = program.variable
     scope = (contextlib.nullcontext() if program.strategy == "none"
              else strategy.scope())
+    initial = gp.VALUE if program.read == "dense" else [gp.VALUE, gp.VALUE]
+
+    def reader(variable):
+        if program.read == "dense":
+            return lambda x: x * variable
+        return lambda x: x * tf.gather(variable, [0])[0]
+
     if kind == "plain":
-        variable = tf.Variable(gp.VALUE)
-        return variable, lambda x: x * variable
+        variable = tf.Variable(initial)
+        return variable, reader(variable)
     with scope:
         if kind == "mirrored":
-            variable = tf.Variable(gp.VALUE)
+            variable = tf.Variable(initial)
         elif kind == "in_function":
             made = []
 
             @tf.function
             def create():
                 if not made:
-                    made.append(tf.Variable(gp.VALUE))
+                    made.append(tf.Variable(initial))
                 return made[0].read_value()
 
             create()
@@ -82,9 +90,9 @@ def make_variable(program, strategy):
             aggregation = (tf.VariableAggregation.SUM if kind == "on_read_sum"
                            else tf.VariableAggregation.MEAN)
             variable = tf.Variable(
-                gp.VALUE, trainable=True, aggregation=aggregation,
+                initial, trainable=True, aggregation=aggregation,
                 synchronization=tf.VariableSynchronization.ON_READ)
-    return variable, lambda x: x * variable
+    return variable, reader(variable)
 
 
 def plain(value, strategy):
@@ -101,12 +109,12 @@ def plain(value, strategy):
 
 
 def weights(variable):
-    """The variable's value after a step: one float when its components
+    """The variable's value after a step: one value when its components
     agree, else every component's (replicas drifting apart)."""
     inner = variable if isinstance(variable, tf.Variable) else variable.value
     components = getattr(inner, "values", (inner,))
-    found = [float(np.asarray(c.read_value()).reshape(())) for c in components]
-    return found[0] if len(set(found)) == 1 else found
+    found = [plain(c.read_value(), None) for c in components]
+    return found[0] if all(f == found[0] for f in found) else found
 
 
 class Build:
@@ -163,7 +171,9 @@ class Build:
         return z * z
 
     def combined(self):
-        per_replica = self.strategy.run(self.replica_fn, args=(self.inputs,))
+        replica_fn = (tf.function(self.replica_fn)
+                      if self.p.control == "traced_replica_fn" else self.replica_fn)
+        per_replica = self.strategy.run(replica_fn, args=(self.inputs,))
         target = self.p.target
         if target == "reduce_sum":
             return self.strategy.reduce("SUM", per_replica, axis=None)
@@ -175,7 +185,7 @@ class Build:
 
     def replicas_target(self):
         control = self.p.control
-        if control == "straight" or self.p.target == "per_replica":
+        if control in ("straight", "traced_replica_fn"):
             return self.combined()
         if control == "cond":
             return tf.cond(tf.constant(True), self.combined, lambda: 0.0)
@@ -275,30 +285,24 @@ class Build:
             run = tf.function(run)
         with self.scope_if(self.p.scope != "none"):
             results = run()
-        found = self.finish(results)
         # Per replica: [replica 0's, replica 1's, ...] for each result.
-        for key in ("gradient", "gradient_again"):
-            if key in found:
-                found[key] = _per_replica(found[key], self.unused is not None)
-        if "second_order" in found:
-            found["second_order"] = _per_replica(found["second_order"], False)
-        return found
+        replicas = range(self.strategy.num_replicas_in_sync)
+        return self.finish({key: [self.replica_part(value, r) for r in replicas]
+                            for key, value in results.items()})
+
+    def replica_part(self, structure, replica):
+        """Replica `replica`'s part of a result of strategy.run (a value
+        every replica returned alike, such as None, stays itself)."""
+        return tf.nest.map_structure(
+            lambda value: (self.strategy.experimental_local_results(value)[replica]
+                           if isinstance(value, tf.distribute.DistributedValues)
+                           else value), structure)
 
     def finish(self, results):
         found = {key: plain(value, self.strategy) for key, value in results.items()}
         if self.optimizer is not None:
             found["weights"] = weights(self.w)
         return found
-
-
-def _per_replica(value, two_sources):
-    """A result of strategy.run as one entry per replica."""
-    if two_sources:
-        gradients, unused = value
-        gradients = gradients if isinstance(gradients, list) else [gradients]
-        unused = unused if isinstance(unused, list) else [unused] * len(gradients)
-        return [[g, u] for g, u in zip(gradients, unused)]
-    return value if isinstance(value, list) else [value]
 
 
 def run(program, layout):

@@ -338,3 +338,32 @@ def test_an_error_of_another_cause_in_the_backward_pass_has_no_collective_note(
         with pytest.raises(ValueError, match="the user's backward failed") as raised:
             tape.gradient(loss, w)
     assert "communicate across replicas" not in str(raised.value)
+
+
+@pytest.mark.parametrize("traced", [False, True], ids=["eager", "tf_function"])
+def test_a_watch_inside_a_tf_function_passed_to_strategy_run(
+        strategy, configuration, traced):
+    """Found by the generated programs: the replicas of a tf.function passed
+    to strategy.run run in threads the tape does not record (the call stays
+    one recorded operation), and TensorFlow's watch there did nothing."""
+    w, replica_value = make_variable(strategy, "eager")
+    inputs = replica_inputs(strategy)
+
+    def step():
+        with tf.GradientTape(watch_accessed_variables=False) as tape:
+            @tf.function
+            def replica_fn(x):
+                tape.watch(w)
+                return replica_value(x)
+
+            loss = tf.add_n(strategy.experimental_local_results(
+                strategy.run(replica_fn, args=(inputs,)))) + 3.0 * w
+        return tape.gradient(loss, w)
+
+    if traced:
+        step = tf.function(step)
+    found = step()
+    if configuration not in PATCHED_CONFIGURATIONS:
+        assert found is None
+        return
+    assert float(found) == 13.0  # 1 + 2 + 3 + 4, and 3

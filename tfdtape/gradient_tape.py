@@ -19,6 +19,7 @@ leaves in place.
 import functools
 import sys
 
+from tensorflow.python import pywrap_tfe
 from tensorflow.python.distribute import values as values_lib
 from tensorflow.python.distribute import values_util
 from tensorflow.python.eager import backprop_util
@@ -61,7 +62,9 @@ def watch(self, tensor):
     it wraps (stock TensorFlow refuses it). Composite tensors, `PerReplica`
     values among them, are split into their component tensors, as stock
     TensorFlow does. Everything in `tensor` is checked and resolved before
-    anything is watched.
+    anything is watched. A tape that records in another thread (the replicas
+    of a `tf.function` passed to `strategy.run` run in threads it does not
+    record) watches `tensor` too, where TensorFlow would do nothing.
 
     Raises:
         tfdtape.errors.NotWatchableError: a ValueError (as TensorFlow raises)
@@ -75,15 +78,26 @@ def watch(self, tensor):
         for item, _, is_variable in items:
             if is_variable:
                 resolution.resolve(item)  # Raises before anything is watched.
-    for item, watched, is_variable in items:
-        if not backprop_util.IsTrainable(watched):
-            logging.log_first_n(  # TensorFlow's own words, as stock warns
-                logging.WARN, "The dtype of the watched tensor must be "
-                "floating (e.g. tf.float32), got %r", 5, watched.dtype)
-        if is_variable:
-            tape_module.watch_variable(self._tape, item)  # pylint: disable=protected-access
-        else:
-            tape_module.watch(self._tape, item)  # pylint: disable=protected-access
+    # TensorFlow watches only in a thread where some tape records: where
+    # this tape records but not in this thread (the replicas of a
+    # tf.function passed to strategy.run), it watches for the call.
+    visiting = (self._recording and pywrap_tfe.TFE_Py_TapeSetIsEmpty() and  # pylint: disable=protected-access
+                not pywrap_tfe.TFE_Py_TapeSetIsStopped())
+    if visiting:
+        tape_module.push_tape(self._tape)  # pylint: disable=protected-access
+    try:
+        for item, watched, is_variable in items:
+            if not backprop_util.IsTrainable(watched):
+                logging.log_first_n(  # TensorFlow's own words, as stock warns
+                    logging.WARN, "The dtype of the watched tensor must be "
+                    "floating (e.g. tf.float32), got %r", 5, watched.dtype)
+            if is_variable:
+                tape_module.watch_variable(self._tape, item)  # pylint: disable=protected-access
+            else:
+                tape_module.watch(self._tape, item)  # pylint: disable=protected-access
+    finally:
+        if visiting:
+            tape_module.pop_tape(self._tape)  # pylint: disable=protected-access
 
 
 def _is_variable(item):
