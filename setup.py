@@ -38,9 +38,12 @@ setuptools.setup(
     extras_require={
         "cpu": [f"tensorflow-cpu{_TENSORFLOW}"],
         "tensorflow": [f"tensorflow{_TENSORFLOW}"],
-        "test": ["pytest>=7"],
+        "test": ["pytest>=7", "pytest-xdist>=3"],
+        "lint": ["ruff==0.17.6"],
+        "release": ["build>=1", "twine>=5"],
     },
     license="Apache-2.0",
+    license_files=["LICENSE"],
     classifiers=[
         "Programming Language :: Python :: 3",
         "Topic :: Scientific/Engineering :: Artificial Intelligence",

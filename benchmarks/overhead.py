@@ -24,10 +24,10 @@ import time
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 os.environ.setdefault("TFDTAPE_AUTOINSTALL", "0")
 
-import tensorflow as tf  # pylint: disable=g-import-not-at-top
-from tensorflow.python.eager import tape as tape_module  # pylint: disable=g-import-not-at-top
+import tensorflow as tf
+from tensorflow.python.eager import tape as tape_module
 
-from tfdtape import testing  # pylint: disable=g-import-not-at-top
+from tfdtape import testing
 
 CONFIGURATIONS = {"floor": "pre_seed", "stock": "stock", "tfdtape": "tfdtape"}
 REPLICAS = 4
@@ -122,7 +122,8 @@ def main(argv):
                     samples[case, config].append(measure())
     print(f"TensorFlow {tf.__version__}, Python {sys.version.split()[0]}, "
           f"median of {args.repeats} interleaved repeats, microseconds per call")
-    header = f"{'case':44} {'floor':>8} {'stock':>8} {'tfdtape':>8}  {'tfdtape/floor':>13} {'tfdtape/stock':>13}"
+    header = (f"{'case':44} {'floor':>8} {'stock':>8} {'tfdtape':>8}  "
+              f"{'tfdtape/floor':>13} {'tfdtape/stock':>13}")
     print(header)
     for case in cases:
         median = {config: statistics.median(samples[case, config]) * 1e6

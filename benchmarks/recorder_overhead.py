@@ -12,8 +12,7 @@ import statistics
 import time
 
 import eager_training_script
-
-import tfdtape  # pylint: disable=unused-import  (installs tfdtape)
+import tfdtape  # noqa: F401 (installs tfdtape)
 from tfdtape import recorder as recorder_lib
 from tfdtape import tracing
 

@@ -52,7 +52,7 @@ def main():
             print(f"sample {index + 1}/{args.samples} {name:12} wall {wall:6.2f} s"
                   f"  loop {loop:6.3f} s", file=sys.stderr, flush=True)
     medians = {name: (statistics.median(w for w, _ in samples),
-                      statistics.median(l for _, l in samples))
+                      statistics.median(loop for _, loop in samples))
                for name, samples in found.items()}
     plain, instrumented = medians["python"], medians["tfdtape run"]
     print(f"eager MirroredStrategy(4) training script, {args.steps} steps, "

@@ -32,9 +32,10 @@ WIDTH = 64
 def _child(style, replicas, mode, layers):
     """Times steps of one style in this (fresh) process; prints JSON."""
     os.environ["TF_CPP_MIN_LOG_LEVEL"] = "3"
-    import tensorflow as tf  # pylint: disable=g-import-not-at-top
-    import tfdtape  # pylint: disable=g-import-not-at-top,unused-import
-    from tfdtape import testing  # pylint: disable=g-import-not-at-top
+    import tensorflow as tf
+
+    import tfdtape  # noqa: F401 (installs tfdtape)
+    from tfdtape import testing
 
     tf.get_logger().setLevel("ERROR")
     strategy = tf.distribute.MirroredStrategy(testing.virtual_cpus(replicas))

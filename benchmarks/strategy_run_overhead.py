@@ -26,10 +26,10 @@ import timeit
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 os.environ.setdefault("TFDTAPE_AUTOINSTALL", "0")
 
-import tensorflow as tf  # pylint: disable=g-import-not-at-top
+import tensorflow as tf
 
-from tfdtape import replica_recording  # pylint: disable=g-import-not-at-top
-from tfdtape import testing  # pylint: disable=g-import-not-at-top
+from tfdtape import replica_recording
+from tfdtape import testing
 
 CONFIGURATIONS = ("stock", "tfdtape")
 REPLICAS = 4

@@ -41,10 +41,12 @@ def _child(configuration, layers):
     """Measures one sample in this (fresh) process; prints it as JSON."""
     os.environ["TF_CPP_MIN_LOG_LEVEL"] = "3"
     os.environ["TFDTAPE_AUTOINSTALL"] = "0"
-    import contextlib  # pylint: disable=g-import-not-at-top
-    import tensorflow as tf  # pylint: disable=g-import-not-at-top
-    import tfdtape  # pylint: disable=g-import-not-at-top
-    from tfdtape import testing  # pylint: disable=g-import-not-at-top
+    import contextlib
+
+    import tensorflow as tf
+
+    import tfdtape
+    from tfdtape import testing
 
     strategy = tf.distribute.MirroredStrategy(testing.virtual_cpus(REPLICAS))
     tf.get_logger().setLevel("ERROR")

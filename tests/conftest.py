@@ -8,11 +8,11 @@ import os
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
-import pytest  # pylint: disable=g-import-not-at-top
-import tensorflow as tf  # pylint: disable=g-import-not-at-top
+import pytest
+import tensorflow as tf
 
-import tfdtape  # pylint: disable=g-import-not-at-top
-from tfdtape import testing  # pylint: disable=g-import-not-at-top
+import tfdtape
+from tfdtape import testing
 
 REPLICAS = 4
 DEVICES = testing.virtual_cpus(REPLICAS)
@@ -30,6 +30,9 @@ def pytest_configure(config):
     config.addinivalue_line(
         "markers", "pip_installed: needs tfdtape pip-installed (its pytest11 "
         "entry point); Bazel targets deselect it")
+    config.addinivalue_line(
+        "markers", "cluster: worker processes on loopback; README's test "
+        "command runs these alone, after the others (which run in parallel)")
 
 
 @pytest.fixture(scope="session")

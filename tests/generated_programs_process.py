@@ -21,11 +21,11 @@ import sys
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 os.environ["TFDTAPE_AUTOINSTALL"] = "0"
 
-import numpy as np  # noqa: E402
-import tensorflow as tf  # noqa: E402
+import numpy as np
+import tensorflow as tf
 
-import generated_programs as gp  # noqa: E402
-from tfdtape import testing  # noqa: E402
+import generated_programs as gp
+from tfdtape import testing
 
 KERAS3 = not issubclass(getattr(tf.keras, "Variable", tf.Variable), tf.Variable)
 CONFIGURATIONS = {"stock": testing.stock, "tfdtape": testing.with_tfdtape,
@@ -312,7 +312,7 @@ def run(program, layout):
         if program.in_replica:
             return build.run_in_replica()
         return build.run_outside()
-    except Exception as error:  # noqa: BLE001 -- every error is an outcome
+    except Exception as error:
         return gp.describe(error)
 
 

@@ -12,11 +12,11 @@ import sys
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
-import tensorflow as tf  # pylint: disable=g-import-not-at-top
+import tensorflow as tf
 
-import tfdtape  # pylint: disable=g-import-not-at-top
-from tfdtape import testing  # pylint: disable=g-import-not-at-top
-import linear_training  # pylint: disable=g-import-not-at-top
+import linear_training
+import tfdtape
+from tfdtape import testing
 
 
 def main():

@@ -11,9 +11,9 @@ import sys
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
-import tensorflow as tf  # pylint: disable=g-import-not-at-top
+import tensorflow as tf
 
-import tfdtape  # pylint: disable=g-import-not-at-top,unused-import
+import tfdtape  # noqa: F401 (installs tfdtape)
 
 
 def attempt(call):
@@ -21,7 +21,7 @@ def attempt(call):
     ("returned", repr of the result)."""
     try:
         result = call()
-    except Exception as error:  # pylint: disable=broad-except
+    except Exception as error:
         return type(error).__name__, str(error)
     return "returned", repr(result)
 

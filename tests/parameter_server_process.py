@@ -11,10 +11,10 @@ import sys
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
-import tensorflow as tf  # pylint: disable=g-import-not-at-top
+import tensorflow as tf
 
-from tfdtape import testing  # pylint: disable=g-import-not-at-top
-import loopback  # pylint: disable=g-import-not-at-top
+import loopback
+from tfdtape import testing
 
 
 def start_cluster():

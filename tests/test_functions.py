@@ -5,8 +5,8 @@ import sys
 import tensorflow as tf
 
 import tfdtape
-from tfdtape import defun
 from assertions import assert_same_objects
+from tfdtape import defun
 
 
 def replica_index():
@@ -91,7 +91,7 @@ def test_captured_input_resolution_is_removed_where_present(monkeypatch):
     # function from elsewhere would be another library's patch, which
     # install() refuses.
     namespace = {}
-    exec("def resolve_per_call(self):\n    return ['resolved per call']\n",  # pylint: disable=exec-used
+    exec("def resolve_per_call(self):\n    return ['resolved per call']\n",
          vars(sys.modules[function_class.__module__]), namespace)
     resolve_per_call = namespace["resolve_per_call"]
     tfdtape.uninstall()

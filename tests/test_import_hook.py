@@ -54,7 +54,7 @@ def test_calls_back_once_right_after_the_package_init(packages):
     calls = []
     hook = started(seen_by(calls, "fakepkg", "READY"))
     assert hook in sys.meta_path and calls == []
-    import fakepkg  # pylint: disable=g-import-not-at-top,import-outside-toplevel
+    import fakepkg
     assert calls == [True] and hook not in sys.meta_path
     assert type(fakepkg.__loader__) is importlib.machinery.SourceFileLoader
     assert fakepkg.__spec__.loader is fakepkg.__loader__
@@ -149,7 +149,7 @@ def test_threads_importing_together_get_one_call(packages):
     seen = []
 
     def work():
-        import fakepkg  # pylint: disable=g-import-not-at-top,import-outside-toplevel
+        import fakepkg
         seen.append((fakepkg.READY, len(calls)))  # called back before
 
     threads = [threading.Thread(target=work) for _ in range(4)]

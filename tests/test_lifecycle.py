@@ -158,7 +158,7 @@ def test_missing_function_is_refused_before_anything_is_patched(
 def tensorflow_function(source, module):
     """The function `source` defines, compiled as if `module` defined it."""
     namespace = {}
-    exec(compile(source, module.__file__, "exec"), vars(module), namespace)  # pylint: disable=exec-used
+    exec(compile(source, module.__file__, "exec"), vars(module), namespace)
     (function,) = namespace.values()
     return function
 
@@ -198,7 +198,7 @@ def test_the_testing_stand_ins_count_as_tensorflows_functions(monkeypatch):
     from tfdtape import compat
     from tfdtape import testing
     monkeypatch.setattr(compat, "HAS_RESOLVER_REGISTRY", False)
-    stand_in = testing._variable_accessed_unresolved  # pylint: disable=protected-access
+    stand_in = testing._variable_accessed_unresolved
     with testing.tfdtape_alone():
         assert tfdtape.is_installed()
         assert targets.original_of(tape_module.variable_accessed) is stand_in
@@ -326,17 +326,18 @@ def test_tensorflow_treats_tfdtape_as_library_code_while_installed(uninstalled):
     from tensorflow.python.autograph.impl import conversion
     from tensorflow.python.util import tf_stack
     from tensorflow.python.util import traceback_utils
+
     from tfdtape import gradient_tape
 
     def lists():
-        return (traceback_utils._EXCLUDED_PATHS,  # pylint: disable=protected-access
-                tf_stack._source_filter_stacks.default_factory,  # pylint: disable=protected-access
+        return (traceback_utils._EXCLUDED_PATHS,
+                tf_stack._source_filter_stacks.default_factory,
                 config.CONVERSION_RULES)
 
     tensorflows = lists()
-    assert not conversion.is_allowlisted(gradient_tape._watchables)  # pylint: disable=protected-access
+    assert not conversion.is_allowlisted(gradient_tape._watchables)
     tfdtape.install()
-    assert conversion.is_allowlisted(gradient_tape._watchables)  # pylint: disable=protected-access
+    assert conversion.is_allowlisted(gradient_tape._watchables)
     excluded, factory, rules = lists()
     assert excluded[:-1] == tensorflows[0]
     assert excluded[-1].endswith(f"{os.sep}tfdtape{os.sep}")
@@ -345,4 +346,4 @@ def test_tensorflow_treats_tfdtape_as_library_code_while_installed(uninstalled):
     assert gradient_tape.__file__ in bottom.get_filtered_filenames()
     tfdtape.uninstall()
     assert all(now is then for now, then in zip(lists(), tensorflows))
-    assert not conversion.is_allowlisted(gradient_tape._watchables)  # pylint: disable=protected-access
+    assert not conversion.is_allowlisted(gradient_tape._watchables)

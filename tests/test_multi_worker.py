@@ -13,9 +13,14 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
 import tensorflow as tf
 
 import loopback
+
+# Worker processes on loopback: they run alone, not beside other tests
+# (README's test command runs the `cluster` tests in a pytest run of their own).
+pytestmark = pytest.mark.cluster
 
 TESTS = pathlib.Path(__file__).parent
 WORKERS = 2

@@ -156,7 +156,7 @@ def test_variables_that_share_a_name_get_rows_of_their_own(strategy):
 def test_a_keras_variable_is_one_row_named_by_its_path(strategy):
     keras = tf.keras
     if not hasattr(keras, "Variable") or issubclass(keras.Variable, tf.Variable):
-        import pytest  # pylint: disable=g-import-not-at-top
+        import pytest
         pytest.skip("Keras 3 variables need TensorFlow 2.16+")
 
     class TwoLayers(keras.Model):  # built at first call, as users write it
@@ -304,7 +304,7 @@ def test_a_keras_model_in_cross_replica_context_inside_a_tf_function(strategy):
     one-device warning name the Keras paths."""
     keras = tf.keras
     if not hasattr(keras, "Variable") or issubclass(keras.Variable, tf.Variable):
-        import pytest  # pylint: disable=g-import-not-at-top
+        import pytest
         pytest.skip("Keras 3 variables need TensorFlow 2.16+")
     with strategy.scope():
         layer = keras.layers.Dense(1)

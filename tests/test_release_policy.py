@@ -20,9 +20,9 @@ import tensorflow as tf
 from tensorflow.python.eager import tape as tape_module
 
 import tfdtape
+from tfdtape import command_line
 from tfdtape import patching
 from tfdtape import run_recording
-from tfdtape import command_line
 from tfdtape import versions
 
 OPT_IN = "TFDTAPE_ALLOW_UNTESTED_TENSORFLOW"
@@ -59,7 +59,7 @@ def untested(monkeypatch):
     """tfdtape uninstalled, TensorFlow calling itself a nightly, the opt-in
     unset and the WARNING not yet given in this process."""
     monkeypatch.delenv(OPT_IN, raising=False)
-    monkeypatch.setattr(patching._state, "untested_logged", False)  # pylint: disable=protected-access
+    monkeypatch.setattr(patching._state, "untested_logged", False)
     tfdtape.uninstall()
     monkeypatch.setattr(tf, "__version__", NIGHTLY)
     yield
@@ -131,11 +131,11 @@ def test_run_refuses_an_untested_release_before_importing_internals(
     monkeypatch.delenv(OPT_IN, raising=False)
     monkeypatch.setattr(tf, "__version__", "2.11.0")
     with pytest.raises(command_line.UsageError) as raised:
-        run_recording._check_policy("2.11.0")  # pylint: disable=protected-access
+        run_recording._check_policy("2.11.0")
     assert "tfdtape: " + str(raised.value) == refusal_text(
         "2.11.0", "older than the tested range")
     monkeypatch.setenv(OPT_IN, "1")
-    run_recording._check_policy("2.11.0")  # pylint: disable=protected-access
+    run_recording._check_policy("2.11.0")
 
 
 def posing_as(tmp_path, version):

@@ -133,7 +133,7 @@ for configuration in %(configurations)r:
                 release.wait()
 
         def hold_lock():
-            with patching._state.lock:  # pylint: disable=protected-access
+            with patching._state.lock:
                 holding.set()
                 release.wait()
 

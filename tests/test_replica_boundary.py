@@ -431,7 +431,7 @@ def test_a_replica_function_that_raises_leaves_no_tape_behind(
     # What each replica thread runs, raising in a thread of its own: the
     # thread's tape set is empty again afterwards.
     with tf.GradientTape() as tape:
-        recorded = replica_recording._recorded_by(  # pylint: disable=protected-access
+        recorded = replica_recording._recorded_by(
             [tape], strategy, lambda: {}["missing"])
 
         def thread_body():
@@ -488,7 +488,7 @@ def test_watch_a_variable_of_a_smaller_strategy(strategy, configuration):
             try:
                 tape.watch(w)
                 outcomes[replica_id] = ("watched", tape.watched_variables())
-            except Exception as error:  # pylint: disable=broad-except
+            except Exception as error:
                 outcomes[replica_id] = (error, tape.watched_variables())
 
     patched = configuration in PATCHED_CONFIGURATIONS

@@ -20,7 +20,6 @@ from tfdtape import run_recording
 from tfdtape import run_report
 
 
-
 def test_a_correct_training_script(tmp_path):
     script = SCRIPTS / "mirrored_training.py"
     report_path = tmp_path / "report.json"

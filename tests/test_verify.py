@@ -10,10 +10,9 @@ import xml.etree.ElementTree as ElementTree
 import pytest
 
 import releases
-
 from tfdtape import checks
-from tfdtape import testing
 from tfdtape import tape_functions
+from tfdtape import testing
 from tfdtape import verify
 from tfdtape import versions
 from tfdtape.__main__ import main
@@ -269,7 +268,7 @@ def test_cli_reexecutes_at_most_once(tmp_path):
 
 
 def tf_version():
-    import tensorflow as tf  # pylint: disable=g-import-not-at-top
+    import tensorflow as tf
     return tf.__version__
 
 

@@ -27,7 +27,7 @@ from tfdtape.errors import NotWatchableError
 from tfdtape.errors import PatchConflictError
 from tfdtape.errors import PatchInUseError
 from tfdtape.errors import UnsupportedTensorFlowError
-from tfdtape.versions import RELEASE as __version__
+from tfdtape.versions import RELEASE as __version__  # noqa: F401 (the public version)
 
 # Public names that need TensorFlow, imported on first use.
 _TENSORFLOW_NAMES = {
@@ -40,9 +40,9 @@ _TENSORFLOW_NAMES = {
     "explain": "tfdtape.explaining",
 }
 
-__all__ = ["NotWatchableError", "PatchConflictError", "PatchInUseError",
+# _TENSORFLOW_NAMES's keys are strings, which ruff cannot tell (PLE0604).
+__all__ = ["NotWatchableError", "PatchConflictError", "PatchInUseError",  # noqa: PLE0604
            "UnsupportedTensorFlowError", *_TENSORFLOW_NAMES]
-
 
 
 def __getattr__(name):

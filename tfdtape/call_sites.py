@@ -68,7 +68,7 @@ def _library_folders():
     return tuple(folders)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _standard_library_folders():
     paths = sysconfig.get_paths()
     return tuple({os.path.join(paths[key], "") for key in ("stdlib", "platstdlib")})
@@ -78,7 +78,7 @@ def _autograph_origin(filename, line):
     """(file, line, function) that line `line` of AutoGraph's generated
     `filename` was converted from, or None: looked up in the source maps of
     the conversions under way, this thread's first."""
-    # pylint: disable=protected-access
+
     stacks = tf_stack._source_mapper_stacks
     own = stacks.get(tf_stack._get_thread_key())
     for stack in [own] + list(stacks.values()):

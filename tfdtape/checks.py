@@ -9,7 +9,7 @@ not tell a broken tfdtape from none). The stock column is informational.
 """
 
 import dataclasses
-from typing import Callable
+from collections.abc import Callable
 
 import tensorflow as tf
 from tensorflow.python.eager import backprop
@@ -45,7 +45,7 @@ def observe_safely(check, strategy):
     """Runs `check.observe`; an exception becomes the observation 'raised X: ...'."""
     try:
         return check.observe(strategy)
-    except Exception as error:  # pylint: disable=broad-except
+    except Exception as error:
         first_line = str(error).splitlines()[0] if str(error) else ""
         return f"raised {type(error).__name__}: {first_line[:72]}"
 
@@ -132,7 +132,7 @@ def _cross_replica_tape_call(strategy):
     with strategy.scope():
         v = tf.Variable(3.0)
         with tf.GradientTape(watch_accessed_variables=False) as tape:
-            tape_module.watch_variable(tape._tape, v)  # pylint: disable=protected-access
+            tape_module.watch_variable(tape._tape, v)
     return _describe_watched(tape.watched_variables(), v)
 
 

@@ -39,8 +39,8 @@ def import_tensorflow():
             `__version__`.
     """
     try:
-        import tensorflow  # pylint: disable=g-import-not-at-top
-    except Exception as error:  # pylint: disable=broad-except
+        import tensorflow
+    except Exception as error:
         raise UsageError(
             f"TensorFlow cannot be imported ({type(error).__name__}: "
             f"{_first_line(error)}). {INSTALL_ADVICE}") from None
@@ -54,8 +54,9 @@ def import_internals(tensorflow, *names):
     Raises:
         UsageError: this `tensorflow` lacks an internal they import.
     """
-    import importlib  # pylint: disable=g-import-not-at-top
-    from tfdtape import versions  # pylint: disable=g-import-not-at-top
+    import importlib
+
+    from tfdtape import versions
     try:
         for name in names:
             importlib.import_module(f"tfdtape.{name}")
@@ -70,7 +71,7 @@ def import_internals(tensorflow, *names):
 def check_tensorflow_installed():
     """Raises UsageError unless a `tensorflow` package can be found (found,
     not imported)."""
-    import importlib.util  # pylint: disable=g-import-not-at-top
+    import importlib.util
     try:
         found = importlib.util.find_spec("tensorflow") is not None
     except (ImportError, ValueError):

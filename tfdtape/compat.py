@@ -15,7 +15,7 @@ from tensorflow.python.eager import tape as tape_module
 if hasattr(distribute_lib, "get_strategy_and_replica_context"):
     strategy_context = distribute_lib
 else:  # TensorFlow 2.12
-    from tensorflow.python.distribute import distribution_strategy_context as strategy_context  # pylint: disable=g-import-not-at-top
+    from tensorflow.python.distribute import distribution_strategy_context as strategy_context  # noqa: F401 (the alias is the export)
 
 HAS_RESOLVER_REGISTRY = hasattr(tape_module, "register_watched_variable_resolver")
 """True from TensorFlow 2.13: native resolution is a registered hook."""

@@ -59,6 +59,6 @@ def make_resolver_replacement(original_resolver):
 
     def _resolve_captured_inputs(self):
         """Returns the captured inputs unchanged (tfdtape: the commit's defun)."""
-        return self._captured_inputs  # pylint: disable=protected-access
+        return self._captured_inputs
 
     return _resolve_captured_inputs

@@ -8,7 +8,7 @@ the tape watched, the source's kind, and the context the call is made in.
 
 import dataclasses
 import threading
-from typing import Any, List
+from typing import Any
 
 from tensorflow.python import pywrap_tfe
 from tensorflow.python.distribute import values_util
@@ -71,8 +71,8 @@ class Explanation:
     variable's components: in cross-replica context, and from a tape that
     recorded the replicas of a strategy.run)."""
     gradients: Any
-    none_gradients: List[NoneGradient]
-    total_derivatives: List[Any] = dataclasses.field(default_factory=list)
+    none_gradients: list[NoneGradient]
+    total_derivatives: list[Any] = dataclasses.field(default_factory=list)
 
     def __str__(self):
         lines = []
@@ -95,14 +95,14 @@ def explain(tape, target, sources, **gradient_options):
         RuntimeError: the tape was already used by a non-persistent gradient.
         Whatever `tape.gradient` raises for these arguments.
     """
-    if tape._tape is None:  # pylint: disable=protected-access
+    if tape._tape is None:
         raise RuntimeError(errors.message(
             "cannot explain a used tape", "tfdtape.explain",
             "a tape that can still compute gradients",
             "a non-persistent tape already used by tape.gradient",
             "Call tfdtape.explain instead of tape.gradient, or create the "
             "tape with persistent=True"))
-    recorded = tape._tape  # pylint: disable=protected-access
+    recorded = tape._tape
     with tracing.gradient_totals() as summed:
         gradients = tape.gradient(target, sources, **gradient_options)
     none_gradients = [
@@ -136,7 +136,7 @@ def none_reasons(tape, recorded, flat_sources, flat_gradients, summing):
         recorded, [s for s in missing if _pywrap_utils.IsTensor(s)])
     facts = _Facts(
         watched=tape.watched_variables(),
-        watches_reads=tape._watch_accessed_variables,  # pylint: disable=protected-access
+        watches_reads=tape._watch_accessed_variables,
         context=context_now(), summing=summing)
     found = []
     for source in missing:
@@ -188,7 +188,7 @@ def _known_to_tape(recorded, tensors):
     known = []
 
     def ask():
-        handle = recorded._tape  # pylint: disable=protected-access
+        handle = recorded._tape
         pywrap_tfe.TFE_Py_TapeSetAdd(handle)
         try:
             known.extend(t for t in tensors

@@ -83,7 +83,7 @@ def hide():
         _saved = (excluded_now, stacks.default_factory,
                   autograph_config.CONVERSION_RULES)
     excluded, _, rules = _saved
-    traceback_utils._EXCLUDED_PATHS = excluded + (PACKAGE_FOLDER,)  # pylint: disable=protected-access
+    traceback_utils._EXCLUDED_PATHS = excluded + (PACKAGE_FOLDER,)
     autograph_config.CONVERSION_RULES = (
         autograph_rules.DoNotConvert(__name__.partition(".")[0]),) + rules
     files = frozenset(package_files()) | _extra_files
@@ -97,8 +97,8 @@ def show():
     if _saved is None:
         return
     excluded, factory, rules = _saved
-    traceback_utils._EXCLUDED_PATHS = excluded  # pylint: disable=protected-access
-    tf_stack._source_filter_stacks.default_factory = factory  # pylint: disable=protected-access
+    traceback_utils._EXCLUDED_PATHS = excluded
+    tf_stack._source_filter_stacks.default_factory = factory
     autograph_config.CONVERSION_RULES = rules
     _replace_bottom_filters(tf_stack.SentinelFilter)
     _saved = None
@@ -108,7 +108,7 @@ def _replace_bottom_filters(make):
     """Replaces the bottom filter of each thread's stack that holds only
     that one (a stack with more was entered by code that combined its own
     files with the bottom's already, and keeps them until it leaves)."""
-    for stack in list(tf_stack._source_filter_stacks.values()):  # pylint: disable=protected-access
+    for stack in list(tf_stack._source_filter_stacks.values()):
         if len(stack) == 1 and isinstance(stack[0], (tf_stack.SentinelFilter,
                                                      _HiddenFiles)):
             stack[0] = make()

@@ -44,9 +44,9 @@ from tfdtape import explaining
 from tfdtape import keras_variables
 from tfdtape import merge_calls
 from tfdtape import on_read_sources
+from tfdtape import replica_recording
 from tfdtape import resolution
 from tfdtape import tracing
-from tfdtape import replica_recording
 
 _WATCH_SYMBOL = "tf.GradientTape.watch"
 _GRADIENT_SYMBOL = "tf.GradientTape.gradient"
@@ -81,10 +81,10 @@ def watch(self, tensor):
     # TensorFlow watches only in a thread where some tape records: where
     # this tape records but not in this thread (the replicas of a
     # tf.function passed to strategy.run), it watches for the call.
-    visiting = (self._recording and pywrap_tfe.TFE_Py_TapeSetIsEmpty() and  # pylint: disable=protected-access
+    visiting = (self._recording and pywrap_tfe.TFE_Py_TapeSetIsEmpty() and
                 not pywrap_tfe.TFE_Py_TapeSetIsStopped())
     if visiting:
-        tape_module.push_tape(self._tape)  # pylint: disable=protected-access
+        tape_module.push_tape(self._tape)
     try:
         for item, watched, is_variable in items:
             if not backprop_util.IsTrainable(watched):
@@ -92,12 +92,12 @@ def watch(self, tensor):
                     logging.WARN, "The dtype of the watched tensor must be "
                     "floating (e.g. tf.float32), got %r", 5, watched.dtype)
             if is_variable:
-                tape_module.watch_variable(self._tape, item)  # pylint: disable=protected-access
+                tape_module.watch_variable(self._tape, item)
             else:
-                tape_module.watch(self._tape, item)  # pylint: disable=protected-access
+                tape_module.watch(self._tape, item)
     finally:
         if visiting:
-            tape_module.pop_tape(self._tape)  # pylint: disable=protected-access
+            tape_module.pop_tape(self._tape)
 
 
 def _is_variable(item):
@@ -121,7 +121,7 @@ def _watchables(structure):
         elif _pywrap_utils.IsTensor(item) or _pywrap_utils.IsVariable(item):
             found.append((item, item))
         elif isinstance(item, composite_tensor.CompositeTensor):
-            parts = type_spec.type_spec_from_value(item)._to_components(item)  # pylint: disable=protected-access
+            parts = type_spec.type_spec_from_value(item)._to_components(item)
             found.extend(_watchables(parts))
         else:
             resolution.check_watchable(item, _WATCH_SYMBOL)
@@ -163,7 +163,7 @@ def make_gradient(original_gradient):
             result, totals, one_device, summing = _differentiate(
                 original_gradient, self, target, sources, output_gradients,
                 unconnected_gradients)
-        except Exception as error:  # pylint: disable=broad-except
+        except Exception as error:
             if (replica_recording.spanned_runs(self) and
                     replica_recording.is_cross_replica_backward_error(error)):
                 errors.extend_message(error, replica_recording.BACKWARD_NOTE)
@@ -171,7 +171,7 @@ def make_gradient(original_gradient):
         tracing.note_totals(totals, summing)
         if tracing.active:
             _report(self, recorded, sources, result, totals, one_device,
-                    summing, sys._getframe(1))  # pylint: disable=protected-access
+                    summing, sys._getframe(1))
         return result
 
     return gradient
@@ -306,7 +306,7 @@ def make_push_tape(original_push_tape):
 
     @functools.wraps(original_push_tape)
     def _push_tape(self):
-        is_new = self._tape is None  # pylint: disable=protected-access
+        is_new = self._tape is None
         original_push_tape(self)
         replica_recording.tape_pushed(self, is_new)
 

@@ -165,7 +165,7 @@ class _ReportingLoader:
         return self._original.create_module(spec)
 
     def exec_module(self, module):
-        # pylint: disable=protected-access
+
         self._hook._exec_starts(self._is_package)
         try:
             self._original.exec_module(module)

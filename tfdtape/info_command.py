@@ -12,14 +12,14 @@ def run(args):
     del args
     tf = command_line.import_tensorflow()
     command_line.import_internals(tf, "defun", "patching", "targets", "testing")
-    from tfdtape import compat  # pylint: disable=g-import-not-at-top
-    from tfdtape import defun  # pylint: disable=g-import-not-at-top
-    from tfdtape import errors  # pylint: disable=g-import-not-at-top
-    from tfdtape import patching  # pylint: disable=g-import-not-at-top
-    from tfdtape import release_policy  # pylint: disable=g-import-not-at-top
-    from tfdtape import targets  # pylint: disable=g-import-not-at-top
-    from tfdtape import testing  # pylint: disable=g-import-not-at-top
-    from tfdtape import versions  # pylint: disable=g-import-not-at-top
+    from tfdtape import compat
+    from tfdtape import defun
+    from tfdtape import errors
+    from tfdtape import patching
+    from tfdtape import release_policy
+    from tfdtape import targets
+    from tfdtape import testing
+    from tfdtape import versions
     print(f"tfdtape {versions.RELEASE} (tested on TensorFlow "
           f"{versions.TESTED_RANGE_TEXT})")
     print(f"TensorFlow {tf.__version__}, Python {platform.python_version()}")

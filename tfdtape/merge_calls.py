@@ -46,7 +46,7 @@ def modules_holding(is_wanted):
     found = [merge_call_interim]
     for module in list(sys.modules.values()):
         namespace = getattr(module, "__dict__", None)
-        if (module is not merge_call_interim and type(namespace) is dict and  # pylint: disable=unidiomatic-typecheck
+        if (module is not merge_call_interim and type(namespace) is dict and
                 ATTRIBUTE in namespace and is_wanted(namespace[ATTRIBUTE])):
             found.append(module)
     return found
@@ -97,7 +97,7 @@ def check_single_worker(strategy, symbol, what):
         symbol: the API the user called, named in the message.
         what: what cannot be done, e.g. "cannot apply gradients".
     """
-    if not strategy.extended._in_multi_worker_mode():  # pylint: disable=protected-access
+    if not strategy.extended._in_multi_worker_mode():
         return
     raise tracing.refused(ValueError(errors.message(
         f"{what} outside strategy.run under several workers", symbol,

@@ -68,14 +68,14 @@ def _observe_variables_accessed(original):
 def _observe_gradient(original):
     @functools.wraps(original)
     def gradient(self, target, sources, *args, **kwargs):
-        recorded = self._tape  # pylint: disable=protected-access
+        recorded = self._tape
         result = original(self, target, sources, *args, **kwargs)
         if tracing.active:
             tracing.record_gradient(tracing.GradientEvent(
                 tuple(explaining.none_reasons(
                     self, recorded, nest.flatten(sources), nest.flatten(result),
                     False)),
-                (), call_sites.caller_location(sys._getframe(1)),  # pylint: disable=protected-access
+                (), call_sites.caller_location(sys._getframe(1)),
                 explaining.context_now()))
         return result
     return gradient

@@ -216,7 +216,7 @@ class Recorder:
             noted[1] += 1
         elif _replicas_in_sync() > 1:
             if location is None:
-                location = call_sites.caller_location(sys._getframe(1))  # pylint: disable=protected-access
+                location = call_sites.caller_location(sys._getframe(1))
             self._replica_plain[entry] = [location, 1]
 
     def snapshot(self):
@@ -320,7 +320,7 @@ def _is_plain(variable):
 
 def _replicas_in_sync():
     """The current strategy's replica count (1 with none)."""
-    stack = ops.get_default_graph()._distribution_strategy_stack  # pylint: disable=protected-access
+    stack = ops.get_default_graph()._distribution_strategy_stack
     return stack[-1].strategy.num_replicas_in_sync if stack else 1
 
 

@@ -68,6 +68,7 @@ def is_cross_replica_backward_error(error):
     return not errors.is_tfdtape_error(error) and any(
         sign in text for sign in _CROSS_REPLICA_SIGNS)
 
+
 # Kept across importlib.reload: the tapes already recording stay known.
 _recording = globals().get("_recording") or threading.local()
 """Per thread, `.tapes`: (GradientTape, the graph it was pushed in) for the
@@ -95,7 +96,7 @@ def tape_pushed(tape, is_new):
     if is_new:
         tape.__dict__.pop(_SPANNED_RUNS, None)
     graph = ops.get_default_graph()
-    stack = graph._distribution_strategy_stack  # pylint: disable=protected-access
+    stack = graph._distribution_strategy_stack
     if stack and stack[-1].replica_context is not None:
         return
     _tapes_here().append((tape, graph))
@@ -128,7 +129,7 @@ def _tapes_to_propagate():
     graphs = _recording_graphs(ops.get_default_graph())
     return [tape for tape, pushed_in in tapes
             if any(pushed_in is graph for graph in graphs) and
-            tape._tape is not None]  # pylint: disable=protected-access
+            tape._tape is not None]
 
 
 def _recording_graphs(graph):
@@ -170,7 +171,7 @@ def _recorded_by(tapes, distribution, fn):
     that replica's component, so that a tape that does not watch what it
     reads still records every replica's share.
     """
-    recorded = [(tape._tape, [  # pylint: disable=protected-access
+    recorded = [(tape._tape, [
         variable for variable in tape.watched_variables()
         if resolution.is_distributed_variable(variable) and
         variable.distribute_strategy is distribution]) for tape in tapes]
@@ -182,7 +183,7 @@ def _recorded_by(tapes, distribution, fn):
                 tape_module.push_tape(tape)
                 pushed.append(tape)
                 for variable in watched:  # its handle here: this replica's
-                    pywrap_tfe.TFE_Py_TapeWatchVariable(tape._tape, variable)  # pylint: disable=protected-access
+                    pywrap_tfe.TFE_Py_TapeWatchVariable(tape._tape, variable)
             return fn(*args, **kwargs)
         finally:
             for tape in reversed(pushed):

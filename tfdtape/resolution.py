@@ -76,7 +76,7 @@ def resolve(variable):
     # ParameterServerStrategy) in its own __dict__. A variable with neither
     # is plain and resolves to itself in every context.
     if type(variable) is RESOURCE_VARIABLE:
-        reference = variable._handle.__dict__.get(CONTAINER_REFERENCE)  # pylint: disable=protected-access
+        reference = variable._handle.__dict__.get(CONTAINER_REFERENCE)
         if reference is None and AGGREGATING_REFERENCE not in variable.__dict__:
             return (variable,)  # Plain: itself in every context.
         return _resolve_in_context(variable, reference, False)
@@ -105,7 +105,7 @@ def _resolve_in_context(variable, reference, is_container):
             when it is a component, else None.
         is_container: whether `variable` is a distributed container.
     """
-    stack = _get_default_graph()._distribution_strategy_stack  # pylint: disable=protected-access
+    stack = _get_default_graph()._distribution_strategy_stack
     if not stack:
         # The default strategy's replica context: its value_container is the
         # identity, so every value resolves to itself.
@@ -117,7 +117,7 @@ def _resolve_in_context(variable, reference, is_container):
     container = variable if is_container else (
         reference() if reference is not None else None)
     if (container is not None and
-            container._distribute_strategy is not strategy):  # pylint: disable=protected-access
+            container._distribute_strategy is not strategy):
         _check_has_replica_component(container, strategy)
     if _value_container_follows_reference(type(strategy), strategy):
         if container is not None:
@@ -135,10 +135,10 @@ def _check_has_replica_component(container, strategy):
     for, and fails with an IndexError in the others; tfdtape says why.
     """
     replica_id = values_util.get_current_replica_id_as_int()
-    components = len(container._values)  # pylint: disable=protected-access
+    components = len(container._values)
     if replica_id is None or replica_id < components:
         return
-    owner = container._distribute_strategy  # pylint: disable=protected-access
+    owner = container._distribute_strategy
     raise tracing.refused(errors.NotWatchableError(errors.message(
         f"variable {container.name!r} belongs to another strategy",
         "tf.GradientTape.watch",

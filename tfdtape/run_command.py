@@ -31,6 +31,7 @@ from tfdtape import run_recording
 from tfdtape import run_report
 from tfdtape import script_runner
 
+
 def usage():
     """The usage line, with the program named as the user started it."""
     return (f"usage: {command_line.program_name()} run [--json PATH] "
@@ -120,7 +121,7 @@ def _check_target(options):
         except script_runner.NothingToRun as error:
             raise command_line.UsageError(f"run: {error}") from None
     if options.module is not None:
-        import importlib.util  # pylint: disable=g-import-not-at-top
+        import importlib.util
         top_level = options.module.split(".")[0]
         try:  # Only the top-level name: a dotted one would import its parents.
             found = bool(top_level) and importlib.util.find_spec(top_level) is not None

@@ -56,10 +56,10 @@ class RunRecording:
         """(what the recorder counted, why it is incomplete or None); an
         empty recording if TensorFlow was never imported."""
         if self.recorder is not None:
-            from tfdtape import recorder as recorder_lib  # pylint: disable=g-import-not-at-top
+            from tfdtape import recorder as recorder_lib
             snapshot = self.recorder.snapshot()
             return snapshot, recorder_lib.incomplete_reason(snapshot)
-        from tfdtape import run_report  # pylint: disable=g-import-not-at-top
+        from tfdtape import run_report
         version = getattr(sys.modules.get("tensorflow"), "__version__", None)
         imported = isinstance(version, str)  # not a stand-in the script made
         return (dict(run_report.EMPTY_SNAPSHOT, complete=not imported),
@@ -73,7 +73,7 @@ class RunRecording:
             self._put_in()
         except command_line.UsageError as error:
             _stop_the_run(f"tfdtape: {error}")
-        # pylint: disable=g-import-not-at-top
+
         from tfdtape import recorder as recorder_lib
         from tfdtape import tracing
         self.recorder = recorder_lib.Recorder()
@@ -82,15 +82,16 @@ class RunRecording:
 
     def _put_in(self):
         """Installs tfdtape, or puts the stock observers in place."""
-        # pylint: disable=g-import-not-at-top
+
         if self._observe_stock:
             from tfdtape import observers
             self._cleanup.enter_context(observers.observe_stock())
             return
+        import runpy
+
         from tfdtape import errors
         from tfdtape import frame_filters
         from tfdtape import patching
-        import runpy
         # The command line's frames (runpy's and tfdtape's) are not the
         # script's: TensorFlow's "defined at" stacks leave them out.
         frame_filters.also_hide({runpy.__file__, "<frozen runpy>"})

@@ -68,7 +68,7 @@ def build(snapshot, command, exit_status, installed, task,
         run_exit_status: the status the run itself exits with, when it is
             not the script's; then `run_exit_reason` says why.
     """
-    from tfdtape import versions  # pylint: disable=g-import-not-at-top
+    from tfdtape import versions
     if snapshot["complete"] != (incomplete_reason is None):
         raise ValueError("an incomplete recording needs its reason, and only it")
     if (run_exit_status is None) != (run_exit_reason is None):

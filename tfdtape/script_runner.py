@@ -52,7 +52,7 @@ def run_as_main(script, module, arguments):
             _run_module(module, arguments)
     except SystemExit as exit_request:
         return _exit_status(exit_request.code), False
-    except BaseException as error:  # pylint: disable=broad-except
+    except BaseException as error:
         trace = _user_traceback(error.__traceback__)
         try:
             _hand_to_excepthook(error.with_traceback(trace))
@@ -75,8 +75,8 @@ def _hand_to_excepthook(error):
             return
         except SystemExit:
             raise
-        except BaseException as hook_error:  # pylint: disable=broad-except
-            import traceback  # pylint: disable=g-import-not-at-top
+        except BaseException as hook_error:
+            import traceback
             _write_stderr("Error in sys.excepthook:\n" + "".join(
                 traceback.format_exception(
                     type(hook_error), hook_error,
@@ -104,11 +104,11 @@ def finish_threads():
     """Stops idle thread pools and waits for the non-daemon threads, as the
     interpreter does at exit (before `atexit` handlers), so that what those
     threads do happens before the report."""
-    import threading  # pylint: disable=g-import-not-at-top
+    import threading
     try:
-        threading._shutdown()  # pylint: disable=protected-access
+        threading._shutdown()
     except KeyboardInterrupt as interrupt:  # at exit Python reports and goes on
-        import traceback  # pylint: disable=g-import-not-at-top
+        import traceback
         _write_stderr(  # in the shape of Python's report of an unraisable error
             f"Exception ignored in: {threading!r}\n"
             "Traceback (most recent call last):\n" +
@@ -128,17 +128,17 @@ def _run_script(path, arguments):
         _exec_as_main(_code(source, "<stdin>"), "<stdin>",
                       importlib.machinery.BuiltinImporter)
     elif os.path.isdir(path) or _is_zip_application(path):
-        import runpy  # pylint: disable=g-import-not-at-top
+        import runpy
         _set_path_entry(os.path.abspath(path))
         sys.modules["__main__"] = _fresh_main()
-        runpy._run_module_as_main("__main__", alter_argv=False)  # pylint: disable=protected-access
+        runpy._run_module_as_main("__main__", alter_argv=False)
     else:
         absolute = os.path.join(os.getcwd(), path)  # as Python: not normalised
         _set_path_entry(_script_folder(absolute))
         with open(absolute, "rb") as source_file:
             source = source_file.read()
         if source[:4] == importlib.util.MAGIC_NUMBER:  # compiled, as python runs it
-            import marshal  # pylint: disable=g-import-not-at-top
+            import marshal
             _exec_as_main(marshal.loads(source[16:]), absolute,
                           importlib.machinery.SourcelessFileLoader("__main__", absolute))
         else:
@@ -165,11 +165,11 @@ def _script_folder(path):
 
 def _run_module(name, arguments):
     """Runs module `name` as `python -m NAME ARGUMENTS` would."""
-    import runpy  # pylint: disable=g-import-not-at-top
+    import runpy
     sys.argv = [name, *arguments]  # runpy puts the module's path first
     _set_path_entry(os.getcwd())
     sys.modules["__main__"] = _fresh_main()
-    runpy._run_module_as_main(name, alter_argv=True)  # pylint: disable=protected-access
+    runpy._run_module_as_main(name, alter_argv=True)
 
 
 def _set_path_entry(entry):
@@ -200,12 +200,12 @@ def _exec_as_main(code, filename, loader):
     main.__cached__ = None
     main.__loader__ = loader
     sys.modules["__main__"] = main
-    exec(code, main.__dict__)  # pylint: disable=exec-used
+    exec(code, main.__dict__)
 
 
 def _is_zip_application(path):
     """None if `path` is no zip archive, else whether it has a __main__.py."""
-    import zipfile  # pylint: disable=g-import-not-at-top
+    import zipfile
     if not os.path.isfile(path) or not zipfile.is_zipfile(path):  # a pipe: read once
         return None
     try:

@@ -37,12 +37,12 @@ def watch_variable(tape, variable):
     component's handle)."""
     watched = _resolve(variable)
     for var in watched:
-        _tape_watch_variable(tape._tape, var)  # pylint: disable=protected-access
+        _tape_watch_variable(tape._tape, var)
         _watcher_variable_accessed(var)
     if (len(watched) == 1 and resolution.is_distributed_variable(watched[0]) and
-            not _get_default_graph()._distribution_strategy_stack):  # pylint: disable=protected-access
+            not _get_default_graph()._distribution_strategy_stack):
         for component in watched[0].values:
-            _tape_watch(tape._tape, component.handle)  # pylint: disable=protected-access
+            _tape_watch(tape._tape, component.handle)
     if tracing.active:
         tracing.record("watch", variable, watched)
 
@@ -56,7 +56,7 @@ def variable_accessed(variable):
     # plain ResourceVariables, which resolve to themselves: `resolve`'s first
     # test, inlined, skips the call, the tuple and the loop for them.
     if (type(variable) is _ResourceVariable and
-            _CONTAINER_REFERENCE not in variable._handle.__dict__ and  # pylint: disable=protected-access
+            _CONTAINER_REFERENCE not in variable._handle.__dict__ and
             _AGGREGATING_REFERENCE not in variable.__dict__):
         _tape_variable_accessed(variable)
         _watcher_variable_accessed(variable)
@@ -85,4 +85,3 @@ def variables_accessed(variables):
             _watcher_variable_accessed(var)
         if tracing.active:
             tracing.record("access", variable, accessed)
-

@@ -19,7 +19,7 @@ import dataclasses
 import inspect
 import sys
 import types
-from typing import Callable, Tuple
+from collections.abc import Callable
 
 from tensorflow.python import pywrap_tfe
 from tensorflow.python.distribute import merge_call_interim
@@ -34,8 +34,8 @@ from tfdtape import defun
 from tfdtape import errors
 from tfdtape import gradient_tape
 from tfdtape import merge_calls
-from tfdtape import tape_functions
 from tfdtape import replica_recording
+from tfdtape import tape_functions
 
 _MISSING = object()
 
@@ -72,7 +72,7 @@ class PatchTarget:
     """
     owner: object
     attribute: str
-    parameters: Tuple[str, ...]
+    parameters: tuple[str, ...]
     make_replacement: Callable[[Callable], Callable]
     required: bool = True
     defined_in: object = None
@@ -102,7 +102,7 @@ class PatchTarget:
     def _is_tensorflows(self, value):
         """True if `value` is a plain function whose code runs in the module
         that defines the owner (or in a module of STAND_IN_MODULES)."""
-        if type(value) is not types.FunctionType:  # pylint: disable=unidiomatic-typecheck
+        if type(value) is not types.FunctionType:
             return False  # Proxies such as wrapt's pass isinstance checks.
         if self.defined_in is not None:
             home = self.defined_in
@@ -150,7 +150,7 @@ def original_of(value):
     its attributes and a proxy forwards them, but neither is the object the
     mark names.
     """
-    if type(value) is not types.FunctionType:  # pylint: disable=unidiomatic-typecheck
+    if type(value) is not types.FunctionType:
         return None
     mark = vars(value).get(_MARK)
     if mark is None or mark[0] is not value:
@@ -178,7 +178,7 @@ def describe(value):
     """What `value` is, for a message: a function's defining module and
     qualified name (from its code, which `functools.wraps` does not copy), or
     an object's type."""
-    if type(value) is types.FunctionType:  # pylint: disable=unidiomatic-typecheck
+    if type(value) is types.FunctionType:
         code = value.__code__
         name = getattr(code, "co_qualname", code.co_name)  # co_qualname: 3.11+
         return f"{value.__globals__.get('__name__', '?')}.{name}"

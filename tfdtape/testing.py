@@ -66,7 +66,7 @@ def mirrored_strategy(n):
 
 def _watch_variable_unresolved(tape, variable):
     """tape.watch_variable as before the commit: the variable as handed over."""
-    pywrap_tfe.TFE_Py_TapeWatchVariable(tape._tape, variable)  # pylint: disable=protected-access
+    pywrap_tfe.TFE_Py_TapeWatchVariable(tape._tape, variable)
     pywrap_tfe.TFE_Py_VariableWatcherVariableAccessed(variable)
 
 
@@ -103,7 +103,7 @@ def native_resolver_is_registered():
     written inside TensorFlow's tape functions.
     """
     if compat.HAS_RESOLVER_REGISTRY:
-        return (tape_module._variables_override  # pylint: disable=protected-access
+        return (tape_module._variables_override
                 is not tape_module.default_get_variables)
     # 2.12: tfdtape may sit on top of the resolver-free functions, so the
     # module attributes cannot tell; _native_resolver keeps count.
@@ -169,7 +169,7 @@ def _resolution_state():
     """What TensorFlow's resolution is now: the registered resolver (2.13+),
     or the tape functions (2.12)."""
     if compat.HAS_RESOLVER_REGISTRY:
-        return tape_module._variables_override  # pylint: disable=protected-access
+        return tape_module._variables_override
     return {name: vars(tape_module)[name] for name in _UNRESOLVED_FUNCTIONS}
 
 
@@ -178,7 +178,7 @@ def _set_resolution_state(state, switched_off_change):
     counts the blocks that have it off."""
     global _inline_resolution_switched_off
     if compat.HAS_RESOLVER_REGISTRY:
-        tape_module._variables_override = state  # pylint: disable=protected-access
+        tape_module._variables_override = state
         return
     for name, function in state.items():
         setattr(tape_module, name, function)

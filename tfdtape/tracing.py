@@ -24,7 +24,6 @@ import os
 import sys
 import threading
 import types
-from typing import Optional, Tuple
 
 from tensorflow.python import pywrap_tfe
 from tensorflow.python.framework import ops
@@ -77,9 +76,9 @@ class WatchEvent:
     """
     kind: str
     variable: object
-    resolved: Tuple[object, ...]
+    resolved: tuple[object, ...]
     context: str
-    replica_id: Optional[int]
+    replica_id: int | None
     strategy: str
     taped: bool = True
 
@@ -103,12 +102,12 @@ class GradientEvent:
         around_run: the tape recorded the replicas of a strategy.run it
             was recording around.
     """
-    none_reasons: Tuple[Tuple[object, str, str], ...]
-    totals: Tuple[Tuple[object, int], ...]
+    none_reasons: tuple[tuple[object, str, str], ...]
+    totals: tuple[tuple[object, int], ...]
     location: str
     context: str
     one_device: bool = False
-    sources: Tuple[object, ...] = ()
+    sources: tuple[object, ...] = ()
     around_run: bool = False
 
 
@@ -164,7 +163,7 @@ def record(kind, variable, resolved):
         return
     # The strategy stack, read as tfdtape.resolution reads it: cheaper than
     # the public context functions, which matters with a recorder open.
-    stack = ops.get_default_graph()._distribution_strategy_stack  # pylint: disable=protected-access
+    stack = ops.get_default_graph()._distribution_strategy_stack
     replica_id = None
     if not stack:
         context, strategy_name = "no strategy", _default_strategy_name()
@@ -187,7 +186,7 @@ def _default_strategy_name():
     global _DEFAULT_STRATEGY_NAME
     if _DEFAULT_STRATEGY_NAME is None:
         _DEFAULT_STRATEGY_NAME = type(
-            compat.strategy_context._get_default_strategy()).__name__  # pylint: disable=protected-access
+            compat.strategy_context._get_default_strategy()).__name__
     return _DEFAULT_STRATEGY_NAME
 
 
@@ -234,7 +233,7 @@ def refused(error):
     if _open_sinks:
         text = str(error).strip()
         event = RefusalEvent(text.splitlines()[0] if text else type(error).__name__,
-                             call_sites.caller_location(sys._getframe(1)))  # pylint: disable=protected-access
+                             call_sites.caller_location(sys._getframe(1)))
         for sink in _open_sinks:
             sink.add_refusal(event)
     return error

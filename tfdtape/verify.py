@@ -8,7 +8,6 @@ import dataclasses
 import json
 import time
 import xml.etree.ElementTree as ElementTree
-from typing import Dict
 
 from tfdtape import checks as checks_lib
 from tfdtape import testing
@@ -31,7 +30,7 @@ class CheckResult:
         seconds: wall time over all configurations.
     """
     check: checks_lib.Check
-    observations: Dict[str, str]
+    observations: dict[str, str]
     status: str
     message: str
     seconds: float

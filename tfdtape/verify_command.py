@@ -49,14 +49,14 @@ def run(args, argv):
             command_line.check_output_path(path, option)
     tf = command_line.import_tensorflow()
     command_line.import_internals(tf, "checks", "testing", "verify")
-    from tfdtape import release_policy  # pylint: disable=g-import-not-at-top
+    from tfdtape import release_policy
     release_policy.accept_untested()  # checking a build is verify's job
     checks = _selected_checks(args.only)
     if args.list:
         for check in checks:
             print(f"{check.name:38} {check.description}")
         return command_line.EXIT_PASSED
-    from tfdtape import testing  # pylint: disable=g-import-not-at-top
+    from tfdtape import testing
     try:
         devices = testing.virtual_cpus(args.replicas)
     except RuntimeError as error:
@@ -66,7 +66,7 @@ def run(args, argv):
 
 def _selected_checks(only):
     """The checks named by --only (each once, in the order given), or all."""
-    from tfdtape import checks  # pylint: disable=g-import-not-at-top
+    from tfdtape import checks
     if not only:
         return list(checks.CHECKS)
     by_name = {check.name: check for check in checks.CHECKS}
@@ -95,11 +95,11 @@ def _rerun_in_a_fresh_process(argv, error):
 
 
 def _run_checks(tf, checks, devices, args):
-    from tfdtape import verify  # pylint: disable=g-import-not-at-top
-    from tfdtape import testing  # pylint: disable=g-import-not-at-top
+    from tfdtape import testing
+    from tfdtape import verify
     tf.get_logger().setLevel("ERROR")  # retracing and eager-strategy advice
     strategy = tf.distribute.MirroredStrategy(devices)
-    from tfdtape import versions  # pylint: disable=g-import-not-at-top
+    from tfdtape import versions
     untested = versions.untested_reason(tf.__version__)
     if untested:  # two lines, each within WIDTH
         print(f"TensorFlow {tf.__version__}: untested ({untested})\n"
@@ -135,5 +135,5 @@ def _run_checks(tf, checks, devices, args):
 
 
 def _python_version():
-    import platform  # pylint: disable=g-import-not-at-top
+    import platform
     return platform.python_version()

@@ -12,10 +12,10 @@ import sys
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
-import pytest  # pylint: disable=g-import-not-at-top
-import tensorflow as tf  # pylint: disable=g-import-not-at-top
+import pytest
+import tensorflow as tf
 
-import tfdtape  # pylint: disable=g-import-not-at-top
+import tfdtape
 
 
 def test_tfdtape_comes_from_the_bazel_dependency():
@@ -23,7 +23,7 @@ def test_tfdtape_comes_from_the_bazel_dependency():
     assert tfdtape.__file__.endswith(
         os.path.join(".runfiles", "tfdtape", "tfdtape", "__init__.py")), (
             tfdtape.__file__)
-    import importlib.metadata  # pylint: disable=g-import-not-at-top
+    import importlib.metadata
     with pytest.raises(importlib.metadata.PackageNotFoundError):
         importlib.metadata.distribution("tfdtape")  # not pip-installed
 
