@@ -12,6 +12,7 @@ from tensorflow.python.eager import tape as tape_module
 
 import releases
 from assertions import assert_same_objects
+from tfdtape import resolution
 from tfdtape.testing import PATCHED_CONFIGURATIONS
 
 HANDLE_UNAVAILABLE = ("DistributedVariable.handle is not available outside "
@@ -55,7 +56,10 @@ def test_direct_tape_calls_resolve_to_components(strategy, configuration, call):
                 assert str(raised.value).startswith(message)
                 return
             calls[call](tape, v)
-    assert_same_objects(tape.watched_variables(), v.values)
+    assert_same_objects(resolution.watched_by(tape), v.values)
+    # Listed once with tfdtape; stock lists the components.
+    assert_same_objects(tape.watched_variables(),
+                        [v] if configuration in PATCHED_CONFIGURATIONS else v.values)
 
 
 def test_direct_tape_calls_on_a_plain_variable(strategy, configuration):
@@ -75,7 +79,8 @@ def test_public_watch_watches_all_components(strategy, configuration):
                 return
             tape.watch(v)
             loss = weighted_component_sum(v)
-        assert_same_objects(tape.watched_variables(), v.values)
+        assert_same_objects(resolution.watched_by(tape), v.values)
+        assert_same_objects(tape.watched_variables(), [v])
         assert float(tape.gradient(loss, v)) == sum(COEFFICIENTS)
 
 

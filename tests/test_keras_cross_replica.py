@@ -26,6 +26,7 @@ from keras_models import is_keras3
 from keras_models import keras_module
 from keras_models import mean_squared_error
 from keras_models import tf_variable
+from tfdtape import resolution
 from tfdtape.testing import PATCHED_CONFIGURATIONS
 
 HANDLE_UNAVAILABLE = ("DistributedVariable.handle is not available outside "
@@ -183,7 +184,7 @@ def watched_in(context_name, strategy, watch_what):
     def watch():
         with tf.GradientTape(watch_accessed_variables=False) as tape:
             tape.watch(watch_what)
-        seen.append(tape.watched_variables())
+        seen.append(resolution.watched_by(tape))
 
     if context_name == "replica":
         strategy.run(watch)

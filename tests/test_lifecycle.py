@@ -277,12 +277,13 @@ def run_python(code, **environment):
 
 CONTAINER_CHECK = """
 import tfdtape, tensorflow as tf
+from tfdtape import resolution
 strategy = tf.distribute.MirroredStrategy(["/cpu:0"])
 with strategy.scope():
     v = tf.Variable(1.0)
     with tf.GradientTape(watch_accessed_variables=False) as tape:
         tape.watch(v)
-print(tfdtape.is_installed(), tape.watched_variables()[0] is v.values[0])
+print(tfdtape.is_installed(), resolution.watched_by(tape)[0] is v.values[0])
 """
 
 

@@ -340,30 +340,100 @@ def test_an_error_of_another_cause_in_the_backward_pass_has_no_collective_note(
     assert "communicate across replicas" not in str(raised.value)
 
 
-@pytest.mark.parametrize("traced", [False, True], ids=["eager", "tf_function"])
+@pytest.mark.parametrize("also_outside", [False, True], ids=["inside", "also_outside"])
 def test_a_watch_inside_a_tf_function_passed_to_strategy_run(
-        strategy, configuration, traced):
-    """Found by the generated programs: the replicas of a tf.function passed
-    to strategy.run run in threads the tape does not record (the call stays
-    one recorded operation), and TensorFlow's watch there did nothing."""
+        strategy, configuration, also_outside):
+    """Found by the generated programs and the review: the replicas of a
+    tf.function passed to strategy.run run in threads the tape does not
+    record, where TensorFlow's watch does nothing (None); and the watch runs
+    while the function traces only, so the steps after the first would get
+    None. tfdtape refuses it, unless the tape watches the variable anyway."""
     w, replica_value = make_variable(strategy, "eager")
     inputs = replica_inputs(strategy)
+    tapes = []
 
-    def step():
+    @tf.function
+    def replica_fn(x):
+        tapes[-1].watch(w)
+        return replica_value(x)
+
+    found = []
+    for _ in range(3):
         with tf.GradientTape(watch_accessed_variables=False) as tape:
-            @tf.function
-            def replica_fn(x):
+            tapes.append(tape)
+            if also_outside:
                 tape.watch(w)
-                return replica_value(x)
-
+            if configuration in PATCHED_CONFIGURATIONS and not also_outside:
+                with pytest.raises(ValueError, match="cannot watch .* inside this "
+                                   "tf.function .*later calls would give None"):
+                    strategy.run(replica_fn, args=(inputs,))
+                return
             loss = tf.add_n(strategy.experimental_local_results(
                 strategy.run(replica_fn, args=(inputs,)))) + 3.0 * w
-        return tape.gradient(loss, w)
+        gradient = tape.gradient(loss, w)
+        found.append(None if gradient is None else float(gradient))
+    if configuration in PATCHED_CONFIGURATIONS:
+        assert found == [13.0] * 3  # 1 + 2 + 3 + 4, and 3
+    else:  # Stock watches w outside through its first component alone.
+        assert found == ([4.0] * 3 if also_outside else [None] * 3)
+
+
+def test_a_cross_replica_watch_lists_the_variable_once(strategy, configuration):
+    """Found by the review: the tape watches every component, and listed
+    them; applying gradients to that list updated each copy with its own
+    share, and the copies drifted apart."""
+    with strategy.scope():
+        w = tf.Variable(1.0)
+    inputs = replica_inputs(strategy)
+    with strategy.scope():
+        with tf.GradientTape(watch_accessed_variables=False) as tape:
+            if configuration not in PATCHED_CONFIGURATIONS:
+                with pytest.raises(ValueError, match="handle is not available"):
+                    tape.watch(w)
+                return
+            tape.watch(w)
+            loss = strategy.reduce("SUM", strategy.run(lambda x: w * x, args=(inputs,)),
+                                   axis=None)
+        watched = tape.watched_variables()
+        assert [v is w for v in watched] == [True]
+        for gradient, variable in zip(tape.gradient(loss, watched), watched):
+            variable.assign_sub(gradient)
+    assert [float(c) for c in w.values] == [-9.0] * 4
+
+
+@pytest.mark.parametrize("aggregation", [tf.VariableAggregation.SUM,
+                                         tf.VariableAggregation.MEAN], ids=["sum", "mean"])
+@pytest.mark.parametrize("traced", [False, True], ids=["eager", "tf_function"])
+def test_a_nan_gradient_of_an_on_read_aggregate_is_nan(
+        strategy, configuration, aggregation, traced):
+    """Found by the review: NaN gradients, equal on every component, were
+    taken for shares that differ."""
+    s = on_read_variable(strategy, aggregation)
+
+    def gradient():
+        with tf.GradientTape() as tape:
+            tape.watch(s)
+            loss = s * tf.math.log(-s)
+        return tape.gradient(loss, s)
 
     if traced:
-        step = tf.function(step)
-    found = step()
+        gradient = tf.function(gradient)
+    assert np.isnan(float(gradient()))
+
+
+def test_an_all_reduce_outside_any_strategy_gets_the_note(strategy, configuration):
+    """Found by the review: with no scope, differentiating the all-reduce
+    fails with 'Mismatching tf.distribute.Strategy objects', which had no
+    note (stock: a silent None)."""
+    with strategy.scope():
+        w = tf.Variable(2.0)
+    with tf.GradientTape() as tape:
+        loss = strategy.reduce("SUM", strategy.run(
+            lambda: tf.distribute.get_replica_context().all_reduce("SUM", w * 3.0)),
+            axis=None)
     if configuration not in PATCHED_CONFIGURATIONS:
-        assert found is None
+        assert tape.gradient(loss, w) is None
         return
-    assert float(found) == 13.0  # 1 + 2 + 3 + 4, and 3
+    with pytest.raises(RuntimeError, match="Mismatching tf.distribute.Strategy") as raised:
+        tape.gradient(loss, w)
+    assert "communicate across replicas" in str(raised.value)

@@ -13,6 +13,7 @@ import tensorflow as tf
 
 from assertions import assert_same_objects
 from conftest import DEVICES
+from tfdtape import resolution
 from tfdtape.testing import PATCHED_CONFIGURATIONS
 
 STRATEGIES = {
@@ -82,5 +83,6 @@ def test_cross_replica_watch_and_gradient(named_strategy, configuration):
     assert name.startswith(("default", "one_device", "central")) or (
         configuration in PATCHED_CONFIGURATIONS)
     expected = list(v.values) if name.startswith("mirrored") else [v]
-    assert_same_objects(tape.watched_variables(), expected)
+    assert_same_objects(resolution.watched_by(tape), expected)
+    assert_same_objects(tape.watched_variables(), [v])
     assert float(gradient) == 6.0

@@ -17,6 +17,7 @@ from tensorflow.python.eager import tape as tape_module
 
 from tfdtape import defun
 from tfdtape import patching
+from tfdtape import resolution
 
 COEFFICIENTS = tuple(float(i + 1) for i in range(64))  # one per replica, up to 64
 
@@ -90,7 +91,7 @@ def _replica_reads(traced):
         def observe_replica():
             with tf.GradientTape() as tape:
                 v * v
-            return _describe_watched(tape.watched_variables(), v)
+            return _describe_watched(resolution.watched_by(tape), v)
 
         return _per_replica(strategy, observe_replica, traced)
     return observe
@@ -106,7 +107,7 @@ def _replica_reset(strategy):
             v * v
             tape.reset()
             w * w
-        return _describe_watched(tape.watched_variables(), w)
+        return _describe_watched(resolution.watched_by(tape), w)
 
     return _per_replica(strategy, observe_replica)
 
@@ -123,7 +124,7 @@ def _captured_in_function(strategy):
             loss = square()
         own = float(loss) == float(_replica_id() + 1) ** 2
         return (("own component read" if own else "wrong component read") +
-                ", " + _describe_watched(tape.watched_variables(), v))
+                ", " + _describe_watched(resolution.watched_by(tape), v))
 
     return _per_replica(strategy, observe_replica)
 
@@ -133,7 +134,7 @@ def _cross_replica_tape_call(strategy):
         v = tf.Variable(3.0)
         with tf.GradientTape(watch_accessed_variables=False) as tape:
             tape_module.watch_variable(tape._tape, v)
-    return _describe_watched(tape.watched_variables(), v)
+    return _describe_watched(resolution.watched_by(tape), v)
 
 
 def _cross_replica_watch(strategy):
@@ -141,7 +142,7 @@ def _cross_replica_watch(strategy):
         v = tf.Variable(3.0)
         with tf.GradientTape(watch_accessed_variables=False) as tape:
             tape.watch(v)
-    return _describe_watched(tape.watched_variables(), v)
+    return _describe_watched(resolution.watched_by(tape), v)
 
 
 def _cross_replica_gradient(strategy):

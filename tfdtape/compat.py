@@ -7,6 +7,8 @@
 - TensorFlow's own watched-variable resolution is a registry
   (`tape.register_watched_variable_resolver`, filled by distribute_lib at
   import) from 2.13, and written inline in the tape functions in 2.12.
+- `Assert` is in `ops/control_flow_assert.py` from 2.13, in
+  `ops/control_flow_ops.py` in 2.12.
 """
 
 from tensorflow.python.distribute import distribute_lib
@@ -19,3 +21,10 @@ else:  # TensorFlow 2.12
 
 HAS_RESOLVER_REGISTRY = hasattr(tape_module, "register_watched_variable_resolver")
 """True from TensorFlow 2.13: native resolution is a registered hook."""
+
+try:
+    from tensorflow.python.ops.control_flow_assert import Assert as graph_assert
+except ImportError:  # TensorFlow 2.12
+    from tensorflow.python.ops.control_flow_ops import Assert as graph_assert  # noqa: F401 (the export)
+"""`tf.debugging.Assert`: an op that raises InvalidArgumentError with its data
+when its condition is false."""

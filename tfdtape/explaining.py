@@ -135,7 +135,7 @@ def none_reasons(tape, recorded, flat_sources, flat_gradients, summing):
     known_tensors = _known_to_tape(
         recorded, [s for s in missing if _pywrap_utils.IsTensor(s)])
     facts = _Facts(
-        watched=tape.watched_variables(),
+        watched=resolution.watched_by(tape),
         watches_reads=tape._watch_accessed_variables,
         context=context_now(), summing=summing)
     found = []

@@ -19,7 +19,6 @@ leaves in place.
 import functools
 import sys
 
-from tensorflow.python import pywrap_tfe
 from tensorflow.python.distribute import values as values_lib
 from tensorflow.python.distribute import values_util
 from tensorflow.python.eager import backprop_util
@@ -47,6 +46,7 @@ from tfdtape import on_read_sources
 from tfdtape import replica_recording
 from tfdtape import resolution
 from tfdtape import tracing
+from tfdtape import visiting_watch
 
 _WATCH_SYMBOL = "tf.GradientTape.watch"
 _GRADIENT_SYMBOL = "tf.GradientTape.gradient"
@@ -62,15 +62,18 @@ def watch(self, tensor):
     it wraps (stock TensorFlow refuses it). Composite tensors, `PerReplica`
     values among them, are split into their component tensors, as stock
     TensorFlow does. Everything in `tensor` is checked and resolved before
-    anything is watched. A tape that records in another thread (the replicas
-    of a `tf.function` passed to `strategy.run` run in threads it does not
-    record) watches `tensor` too, where TensorFlow would do nothing.
+    anything is watched. A tape that records in another thread watches
+    `tensor` too, where TensorFlow would do nothing
+    (`tfdtape.visiting_watch`).
 
     Raises:
         tfdtape.errors.NotWatchableError: a ValueError (as TensorFlow raises)
             and TypeError, when `tensor` holds something that is neither a
             tensor nor a variable, or a distributed variable of another
             strategy; nothing is watched then.
+        ValueError: the watch, from a thread the tape does not record in,
+            would hold for one trace of a tf.function only
+            (`tfdtape.visiting_watch.check_lasting`).
     """
     items = [(item, watched, _is_variable(item))
              for item, watched in _watchables(tensor)]
@@ -78,12 +81,10 @@ def watch(self, tensor):
         for item, _, is_variable in items:
             if is_variable:
                 resolution.resolve(item)  # Raises before anything is watched.
-    # TensorFlow watches only in a thread where some tape records: where
-    # this tape records but not in this thread (the replicas of a
-    # tf.function passed to strategy.run), it watches for the call.
-    visiting = (self._recording and pywrap_tfe.TFE_Py_TapeSetIsEmpty() and
-                not pywrap_tfe.TFE_Py_TapeSetIsStopped())
+    visiting = visiting_watch.is_visiting(self)
     if visiting:
+        visiting_watch.check_lasting(
+            self, [item for item, _, is_variable in items if is_variable])
         tape_module.push_tape(self._tape)
     try:
         for item, watched, is_variable in items:
@@ -286,19 +287,48 @@ def make_watched_variables(original_watched_variables):
     A tape that recorded the replicas of a strategy.run watched a distributed
     variable through each replica's component handle, so TensorFlow would
     list it once per replica (and applying gradients to that list would
-    update it as often). Where nothing repeats, TensorFlow's own tuple is
-    returned.
+    update it as often); a watch in cross-replica context watched all its
+    components, listed as the variable itself too. Where nothing changes,
+    TensorFlow's own tuple is returned.
     """
 
     @functools.wraps(original_watched_variables)
     def watched_variables(self):
         watched = original_watched_variables(self)
+        listed = _containers_for_full_sets(watched)
         seen = set()
-        unique = tuple(variable for variable in watched
+        unique = tuple(variable for variable in listed
                        if not (id(variable) in seen or seen.add(id(variable))))
-        return watched if len(unique) == len(watched) else unique
+        same = len(unique) == len(watched) and all(
+            mine is theirs for mine, theirs in zip(unique, watched))
+        return watched if same else unique
 
     return watched_variables
+
+
+def _containers_for_full_sets(watched):
+    """`watched` with the components of a distributed variable replaced by
+    the variable where all its local components are there (a watch in
+    cross-replica context): a gradient with respect to it, and an update of
+    it, then reach every copy, where updating the components one by one
+    with their own gradients would let the copies drift apart."""
+    containers = {}
+    for variable in watched:
+        container = resolution.container_of(variable)
+        if container is not None:
+            containers.setdefault(id(container), (container, set()))[1].add(id(variable))
+    full = {key for key, (container, found) in containers.items()
+            if {id(c) for c in container.values} <= found}
+    if not full:
+        return watched
+    listed = []
+    for variable in watched:
+        container = resolution.container_of(variable)
+        if container is not None and id(container) in full:
+            listed.append(container)
+        else:
+            listed.append(variable)
+    return listed
 
 
 def make_push_tape(original_push_tape):

@@ -24,9 +24,10 @@ from tensorflow.python.eager import context
 from tensorflow.python.framework import indexed_slices
 from tensorflow.python.framework import ops
 from tensorflow.python.ops import array_ops
-from tensorflow.python.ops import check_ops
+from tensorflow.python.ops import math_ops
 from tensorflow.python.ops import variables
 
+from tfdtape import compat
 from tfdtape import errors
 from tfdtape import tracing
 
@@ -65,15 +66,14 @@ def derivative(variable, gradients):
         raise refusal(variable, OUTSIDE, why)
     if context.executing_eagerly():
         first_value = ops.convert_to_tensor(first).numpy()
-        if not all(np.array_equal(ops.convert_to_tensor(g).numpy(), first_value)
-                   for g in others):
+        if not all(np.array_equal(ops.convert_to_tensor(g).numpy(), first_value,
+                                  equal_nan=True) for g in others):
             raise refusal(variable, OUTSIDE, why)
         checked = first
     else:
         text = str(refusal(variable, OUTSIDE, why, report=False))
-        checks = [check_ops.assert_equal(ops.convert_to_tensor(g),
-                                         ops.convert_to_tensor(first),
-                                         message=text) for g in others]
+        checks = [compat.graph_assert(_same_values(g, first), [text])
+                  for g in others]
         with ops.control_dependencies(checks):
             checked = _map_values(array_ops.identity, first)
     if summing:
@@ -94,6 +94,15 @@ def refusal(variable, where, why, report=True):
         "Compute the gradient inside strategy.run, where each replica "
         "differentiates with respect to its own component"))
     return tracing.refused(error) if report else error
+
+
+def _same_values(one, other):
+    """A boolean tensor: whether two gradients hold the same values (NaN
+    where the other has NaN counts as the same: the derivative is NaN)."""
+    one, other = ops.convert_to_tensor(one), ops.convert_to_tensor(other)
+    same = math_ops.logical_or(math_ops.equal(one, other), math_ops.logical_and(
+        math_ops.is_nan(one), math_ops.is_nan(other)))
+    return math_ops.reduce_all(same)
 
 
 def _map_values(function, gradient):

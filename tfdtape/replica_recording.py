@@ -54,10 +54,11 @@ BACKWARD_NOTE = (
 `is_cross_replica_backward_error` recognises."""
 
 _CROSS_REPLICA_SIGNS = ("call_for_each_replica", "merge_call", "replica context",
-                        "Collective", "Nccl")
+                        "Mismatching tf.distribute.Strategy", "Collective", "Nccl")
 """Words of TensorFlow's errors for a collective or merge_call differentiated
 outside the replicas: replica-context checks (`merge_call` needs to be inside
-`call_for_each_replica()`), and collective ops with no gradient."""
+`call_for_each_replica()`; outside any strategy, the default strategy's
+context is not the run's), and collective ops with no gradient."""
 
 
 def is_cross_replica_backward_error(error):
@@ -172,7 +173,7 @@ def _recorded_by(tapes, distribution, fn):
     reads still records every replica's share.
     """
     recorded = [(tape._tape, [
-        variable for variable in tape.watched_variables()
+        variable for variable in resolution.watched_by(tape)
         if resolution.is_distributed_variable(variable) and
         variable.distribute_strategy is distribution]) for tape in tapes]
 

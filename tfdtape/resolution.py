@@ -175,6 +175,17 @@ def container_of(variable):
     return reference() if reference is not None else None
 
 
+def watched_by(tape):
+    """The variables `tape` (a GradientTape) watches as TensorFlow's tape
+    keeps them: each as the tape functions resolved it (the components,
+    after a watch in cross-replica context), once per handle it was watched
+    through. `tape.watched_variables()` lists each variable once."""
+    recorded = tape._tape
+    if recorded is None:  # A non-persistent gradient kept TensorFlow's list.
+        return tuple(tape._watched_variables)
+    return tuple(recorded.watched_variables())
+
+
 def is_distributed_variable(value):
     """True for a `tf.distribute` variable container such as `MirroredVariable`."""
     return isinstance(value, _VARIABLE_TYPES)
