@@ -53,3 +53,12 @@ def test_the_table_replaces_the_rows_checked_and_keeps_the_others(tmp_path):
         "| 2.12.1 | aaaaaaa | yes | 754 passed | 13/13 passed | - |",
         "| 2.21.0 | bbbbbbb | yes | 1 failed, 799 passed | 13/13 passed | - |",
         f"| {matrix.NIGHTLY_NAME} | bbbbbbb | yes | 800 passed | 13/13 passed | - |"]
+
+
+def test_the_two_runs_of_the_test_command_count_as_one():
+    assert matrix.combined_summary([
+        "1085 passed, 20 skipped, 3 warnings, 4 deselected",
+        "4 passed, 1105 deselected, 1 warning"]) == "1089 passed, 20 skipped"
+    assert matrix.combined_summary(["1 failed, 99 passed", "4 passed"]) == (
+        "1 failed, 103 passed")
+    assert matrix.combined_summary(["exit 4", "4 passed"]) == "exit 4; 4 passed"

@@ -249,15 +249,19 @@ def test_keras_variables_get_zeros_for_unconnected_gradients(
     else:
         def run():
             return strategy.experimental_local_results(strategy.run(gradient))
-    if configuration not in PATCHED_CONFIGURATIONS:
-        if watch:  # Stock's watch refuses a Keras variable.
-            with pytest.raises(ValueError, match=KERAS_WATCH_REFUSED):
-                run()
-        else:
-            with pytest.raises(AttributeError, match=KERAS_ZEROS_FAIL):
-                run()
+    if configuration not in PATCHED_CONFIGURATIONS and watch:
+        with pytest.raises(ValueError, match=KERAS_WATCH_REFUSED):
+            run()  # Stock's watch refuses a Keras variable.
         return
-    found = run()
+    if configuration not in PATCHED_CONFIGURATIONS:
+        try:
+            found = run()
+        except AttributeError as error:  # Keras 3.15, TensorFlow 2.21
+            assert KERAS_ZEROS_FAIL in str(error)
+            return
+        # Newer TensorFlow and Keras (the nightly builds) give the zeros too.
+    else:
+        found = run()
     for zeros in (found,) if where == "no_strategy" else found:
         assert zeros.dtype == tf.float32
         np.testing.assert_array_equal(zeros.numpy(), np.zeros((2, 3), np.float32))

@@ -186,16 +186,22 @@ def check_build(build, workdir, source):
     return outcome
 
 
+OUTCOME_WORDS = ("passed", "failed", "skipped", "xfailed", "xpassed", "error",
+                 "errors")
+"""pytest's counts of test outcomes (not of warnings or deselected tests)."""
+
+
 def combined_summary(summaries):
-    """pytest's summaries of several runs as one ('975 passed, 4 skipped'),
-    or them joined when one did not finish."""
+    """pytest's outcome counts of several runs as one ('975 passed, 4
+    skipped'), or the summaries joined when one did not finish."""
     counts = {}
     for summary in summaries:
-        parts = re.findall(r"(\d+) (\w+)", summary)
+        parts = [(int(number), word) for number, word
+                 in re.findall(r"(\d+) (\w+)", summary) if word in OUTCOME_WORDS]
         if not parts or summary.startswith("exit"):
             return "; ".join(summaries)
         for number, word in parts:
-            counts[word] = counts.get(word, 0) + int(number)
+            counts[word] = counts.get(word, 0) + number
     return ", ".join(f"{number} {word}" for word, number in counts.items())
 
 
