@@ -7,12 +7,16 @@ tfdtape installed: the time of a training step on the same model.
   gradient (the total over the replicas) and `apply_gradients` in
   cross-replica context (summed once, applied once).
 
-Eagerly and as a `tf.function`, on MirroredStrategy(2) and (4). Each sample
-runs in a fresh process (tracing slows with every function a process has
-traced), styles alternating; reported are the medians and the ratio
-spanning / canonical. Target: <= 1.0x.
+The matrix: MirroredStrategy over 2, 4 and 8 virtual CPUs x a Dense stack of
+8 and 128 hidden layers (18 and 258 variables) x eager and `tf.function`.
+Each sample runs in a fresh process (tracing slows with every function a
+process has traced), styles alternating; a sample times steps for about
+--seconds after a warm-up step (at least 3, at most STEPS). Reported are the
+medians and the ratio spanning / canonical per cell. Target: <= 1.0x in
+every cell.
 
-Usage: python benchmarks/spanning_step.py [--samples 4] [--layers 7]
+Usage: python benchmarks/spanning_step.py [--samples 3] [--replicas 2 4 8]
+           [--layers 8 128] [--modes eager tf_function] [--seconds 2]
 """
 
 import argparse
@@ -24,12 +28,13 @@ import sys
 import time
 
 STYLES = ("canonical", "spanning")
-STEPS = {"eager": 8, "tf_function": 40}
+STEPS = {"eager": 20, "tf_function": 100}
+MIN_STEPS = 3
 BATCH = 64
 WIDTH = 64
 
 
-def _child(style, replicas, mode, layers):
+def _child(style, replicas, mode, layers, seconds):
     """Times steps of one style in this (fresh) process; prints JSON."""
     os.environ["TF_CPP_MIN_LOG_LEVEL"] = "3"
     import tensorflow as tf
@@ -79,17 +84,20 @@ def _child(style, replicas, mode, layers):
     times = []
     with strategy.scope():
         step()  # warm-up: the trace, or the first eager step
-        for _ in range(STEPS[mode]):
+        began = time.perf_counter()
+        while len(times) < STEPS[mode] and (
+                len(times) < MIN_STEPS or time.perf_counter() - began < seconds):
             start = time.perf_counter()
             step()
             times.append(time.perf_counter() - start)
     print(json.dumps({"step": statistics.median(times)}))
 
 
-def _sample(style, replicas, mode, layers):
+def _sample(style, replicas, mode, layers, seconds):
     completed = subprocess.run(
         [sys.executable, __file__, "--child", style, str(replicas), mode,
-         "--layers", str(layers)], capture_output=True, text=True, check=False,
+         "--layers", str(layers), "--seconds", str(seconds)],
+        capture_output=True, text=True, check=False,
         env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
     if completed.returncode != 0:
         raise RuntimeError(f"the {style} sample failed:\n{completed.stderr[-2000:]}")
@@ -98,38 +106,45 @@ def _sample(style, replicas, mode, layers):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--samples", type=int, default=4)
-    parser.add_argument("--layers", type=int, default=7)
+    parser.add_argument("--samples", type=int, default=3)
+    parser.add_argument("--replicas", type=int, nargs="+", default=[2, 4, 8])
+    parser.add_argument("--layers", type=int, nargs="+", default=[8, 128])
+    parser.add_argument("--modes", nargs="+", choices=tuple(STEPS),
+                        default=list(STEPS))
+    parser.add_argument("--seconds", type=float, default=2.0)
     parser.add_argument("--child", nargs=3, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         style, replicas, mode = args.child
-        _child(style, int(replicas), mode, args.layers)
+        _child(style, int(replicas), mode, args.layers[0], args.seconds)
         return
     rows = []
-    for replicas in (2, 4):
-        for mode in ("eager", "tf_function"):
-            found = {style: [] for style in STYLES}
-            for index in range(args.samples):
-                order = STYLES if index % 2 == 0 else STYLES[::-1]
-                for style in order:
-                    found[style].append(_sample(style, replicas, mode, args.layers))
-                print(f"MirroredStrategy({replicas}) {mode} sample "
-                      f"{index + 1}/{args.samples}: " + "  ".join(
-                          f"{s} {found[s][-1] * 1000:.2f} ms" for s in STYLES),
-                      file=sys.stderr, flush=True)
-            medians = {style: statistics.median(times)
-                       for style, times in found.items()}
-            rows.append((replicas, mode, medians))
-    print(f"Dense model, {args.layers} hidden layers of {WIDTH}, global batch "
-          f"{BATCH}, tfdtape installed; {args.samples} fresh processes per "
-          "cell, median step time (ms)")
-    print(f"{'strategy':22} {'mode':12} {'canonical':>10} {'spanning':>10} "
-          f"{'spanning/canonical':>19}")
-    for replicas, mode, medians in rows:
-        print(f"{'MirroredStrategy(' + str(replicas) + ')':22} {mode:12} "
+    for layers in args.layers:
+        for replicas in args.replicas:
+            for mode in args.modes:
+                found = {style: [] for style in STYLES}
+                for index in range(args.samples):
+                    order = STYLES if index % 2 == 0 else STYLES[::-1]
+                    for style in order:
+                        found[style].append(
+                            _sample(style, replicas, mode, layers, args.seconds))
+                    print(f"{layers} layers, MirroredStrategy({replicas}) {mode} "
+                          f"sample {index + 1}/{args.samples}: " + "  ".join(
+                              f"{s} {found[s][-1] * 1000:.2f} ms" for s in STYLES),
+                          file=sys.stderr, flush=True)
+                medians = {style: statistics.median(times)
+                           for style, times in found.items()}
+                rows.append((layers, replicas, mode, medians))
+    print(f"Dense model, hidden layers of {WIDTH}, global batch {BATCH}, tfdtape "
+          f"installed; {args.samples} fresh processes per cell and style, median "
+          "step time (ms)")
+    print(f"{'layers':>6} {'strategy':22} {'mode':12} {'canonical':>10} "
+          f"{'spanning':>10} {'spanning/canonical':>19}")
+    for layers, replicas, mode, medians in rows:
+        ratio = medians["spanning"] / medians["canonical"]
+        print(f"{layers:6d} {'MirroredStrategy(' + str(replicas) + ')':22} {mode:12} "
               f"{medians['canonical'] * 1000:10.2f} {medians['spanning'] * 1000:10.2f} "
-              f"{medians['spanning'] / medians['canonical']:18.3f}x")
+              f"{ratio:18.3f}x {'ok' if ratio <= 1.0 else 'OVER TARGET'}")
 
 
 if __name__ == "__main__":

@@ -307,8 +307,13 @@ def break_resolution(monkeypatch, strategy):
 
 
 def break_total(monkeypatch, strategy):
-    from tfdtape import gradient_tape
-    monkeypatch.setattr(gradient_tape, "_total", lambda gradients: gradients[0])
+    """Each total becomes its first component's gradient, summed in place
+    or reduced by the strategy."""
+    from tfdtape import component_totals
+    monkeypatch.setattr(component_totals, "sum_components",
+                        lambda gradients: gradients[0])
+    monkeypatch.setattr(component_totals, "reduce",
+                        lambda pairs: [gradients[0] for _, gradients in pairs])
     return strategy
 
 

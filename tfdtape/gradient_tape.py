@@ -16,6 +16,7 @@ inside a `tf.function` back to the user's line through the frames it
 leaves in place.
 """
 
+import contextlib
 import functools
 import sys
 
@@ -24,20 +25,18 @@ from tensorflow.python.distribute import values_util
 from tensorflow.python.eager import backprop_util
 from tensorflow.python.eager import tape as tape_module
 from tensorflow.python.framework import composite_tensor
-from tensorflow.python.framework import indexed_slices
-from tensorflow.python.framework import ops
 from tensorflow.python.framework import type_spec
-from tensorflow.python.ops import array_ops
 from tensorflow.python.ops import default_gradient
-from tensorflow.python.ops import math_ops
 from tensorflow.python.ops.unconnected_gradients import UnconnectedGradients
 from tensorflow.python.platform import tf_logging as logging
 from tensorflow.python.util import _pywrap_utils
 from tensorflow.python.util import nest
 from tensorflow.python.util import traceback_utils
 
+from tfdtape import backward_placement
 from tfdtape import call_sites
 from tfdtape import compat
+from tfdtape import component_totals
 from tfdtape import errors
 from tfdtape import explaining
 from tfdtape import keras_variables
@@ -160,13 +159,15 @@ def make_gradient(original_gradient):
     def gradient(self, target, sources, output_gradients=None,
                  unconnected_gradients=UnconnectedGradients.NONE):
         recorded = self._tape  # A non-persistent gradient drops it.
+        spanning = replica_recording.spanned_runs(self) > 0
         try:
-            result, totals, one_device, summing = _differentiate(
-                original_gradient, self, target, sources, output_gradients,
-                unconnected_gradients)
+            with (backward_placement.placing() if spanning
+                  else contextlib.nullcontext()):
+                result, totals, one_device, summing = _differentiate(
+                    original_gradient, self, target, sources, output_gradients,
+                    unconnected_gradients)
         except Exception as error:
-            if (replica_recording.spanned_runs(self) and
-                    replica_recording.is_cross_replica_backward_error(error)):
+            if spanning and replica_recording.is_cross_replica_backward_error(error):
                 errors.extend_message(error, replica_recording.BACKWARD_NOTE)
             raise
         tracing.note_totals(totals, summing)
@@ -217,11 +218,8 @@ def _differentiate(original_gradient, tape, target, sources, output_gradients,
         tape, target, components, output_gradients=output_gradients,
         unconnected_gradients=(UnconnectedGradients.NONE if fill_zeros
                                else unconnected_gradients))
-    totals = [
-        on_read_sources.derivative(variable, flat_gradients[start:stop])
-        if not cross_replica and _is_on_read_variable(variable)
-        else _total(flat_gradients[start:stop])
-        for variable, (start, stop) in zip(flat_variables, spans)]
+    totals = _totals(flat_variables, [flat_gradients[start:stop]
+                                      for start, stop in spans], cross_replica)
     if fill_zeros:
         totals = [default_gradient.zeros_like(variable) if total is None else total
                   for variable, total in zip(flat_variables, totals)]
@@ -397,23 +395,25 @@ def _split_distributed_sources(flat_sources, cross_replica):
     return components, spans
 
 
-def _is_on_read_variable(variable):
-    return (resolution.is_distributed_variable(variable) and
-            on_read_sources.is_on_read(variable))
-
-
-def _total(gradients):
-    """Sums the gradients of one variable's components.
-
-    None when no component is connected; IndexedSlices stay IndexedSlices
-    (their rows are concatenated); a mix of sparse and dense is made dense.
-    """
-    present = [g for g in gradients if g is not None]
-    if len(present) <= 1:
-        return present[0] if present else None
-    if all(isinstance(g, indexed_slices.IndexedSlices) for g in present):
-        return indexed_slices.IndexedSlices(
-            values=array_ops.concat([g.values for g in present], axis=0),
-            indices=array_ops.concat([g.indices for g in present], axis=0),
-            dense_shape=present[0].dense_shape)
-    return math_ops.add_n([ops.convert_to_tensor(g) for g in present])
+def _totals(variables, gradients, cross_replica):
+    """Each source's gradient from its components' `gradients`: the total
+    over them (through the strategy's reduction where
+    `tfdtape.component_totals` can), or outside any strategy for an ON_READ
+    variable the derivative of its aggregate (in cross-replica context such
+    a source was refused before)."""
+    totals = [None] * len(variables)
+    reducible = []
+    for index, (variable, parts) in enumerate(zip(variables, gradients)):
+        if not resolution.is_distributed_variable(variable):
+            totals[index] = component_totals.sum_components(parts)
+        elif not cross_replica and on_read_sources.is_on_read(variable):
+            totals[index] = on_read_sources.derivative(variable, parts)
+        elif component_totals.reducible(variable, parts):
+            reducible.append(index)
+        else:
+            totals[index] = component_totals.sum_components(parts)
+    reduced = component_totals.reduce([(variables[index], gradients[index])
+                                       for index in reducible])
+    for index, total in zip(reducible, reduced):
+        totals[index] = total
+    return totals

@@ -8,7 +8,9 @@ there is no replica context, and it fails with `'NoneType' object has no
 attribute 'merge_call'`. What `merge_call` does for the replicas is call `fn`
 once, in cross-replica context, with the strategy; tfdtape's replacement
 does exactly that when the call is already in cross-replica context and
-TensorFlow would otherwise go through `merge_call`. Everywhere else (replica
+TensorFlow would otherwise go through `merge_call`, handing each device's
+update its own copy of a total that `tape.gradient` reduced through the
+strategy (`tfdtape.component_totals`). Everywhere else (replica
 context, no strategy, strategies that need no merge_call) TensorFlow's
 function runs unchanged.
 
@@ -32,6 +34,7 @@ from tensorflow.python.distribute import values
 from tensorflow.python.util import nest
 
 from tfdtape import compat
+from tfdtape import component_totals
 from tfdtape import errors
 from tfdtape import tracing
 
@@ -64,6 +67,7 @@ def make_maybe_merge_call(original):
             return original(fn, strategy, *args, **kwargs)
         check_single_worker(current, _SYMBOL, "cannot apply gradients")
         _check_no_per_replica_values(args, kwargs)
+        args, kwargs = component_totals.per_device((args, kwargs))
         return fn(current, *args, **kwargs)
 
     maybe_merge_call.__doc__ = original.__doc__

@@ -161,11 +161,11 @@ def _install_locked():
     done = []
     try:
         for target, original in pending:
-            setattr(target.owner, target.attribute, target.replacement(original))
+            target.put(target.replacement(original))
             done.append((target, original))
     except BaseException:
         for target, original in reversed(done):
-            setattr(target.owner, target.attribute, original)
+            target.put(original)
         raise
     frame_filters.hide()
     # The stdlib's logger, not absl's: absl's adds a handler to the root
@@ -248,7 +248,7 @@ def _uninstall_locked():
             "Remove the other patch first (restore tfdtape's function), "
             "then call tfdtape.uninstall() again"))
     for target, current in reversed(ours):
-        setattr(target.owner, target.attribute, targets.original_of(current))
+        target.put(targets.original_of(current))
     frame_filters.show()
     tracing.note_uninstalled()
     return True

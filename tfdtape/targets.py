@@ -29,6 +29,7 @@ from tensorflow.python.eager import backprop
 from tensorflow.python.eager import tape as tape_module
 from tensorflow.python.framework import ops
 
+from tfdtape import backward_placement
 from tfdtape import compat
 from tfdtape import defun
 from tfdtape import errors
@@ -69,6 +70,10 @@ class PatchTarget:
         defined_in: the module whose namespace TensorFlow's function runs
             in, where that is not the owner's (an API module re-exporting
             it); None for the owner's.
+        registers: called with each function put in place, where TensorFlow
+            also hands the attribute's function to its C++ runtime (which
+            keeps the function it was given, not the attribute); None for a
+            plain attribute.
     """
     owner: object
     attribute: str
@@ -76,6 +81,7 @@ class PatchTarget:
     make_replacement: Callable[[Callable], Callable]
     required: bool = True
     defined_in: object = None
+    registers: Callable[[Callable], None] | None = None
 
     @property
     def symbol(self):
@@ -113,6 +119,13 @@ class PatchTarget:
         modules = [home] + [sys.modules.get(name) for name in STAND_IN_MODULES]
         return any(module is not None and value.__globals__ is vars(module)
                    for module in modules)
+
+    def put(self, function):
+        """Puts `function` in the attribute (and registers it, for a target
+        TensorFlow registers)."""
+        setattr(self.owner, self.attribute, function)
+        if self.registers is not None:
+            self.registers(function)
 
     def replacement(self, original):
         """tfdtape's replacement for `original`, made for this install."""
@@ -215,6 +228,10 @@ REQUIRED_SYMBOLS = (
     (pywrap_tfe, "TFE_Py_TapeWatchVariable"),
     (pywrap_tfe, "TFE_Py_TapeVariableAccessed"),
     (pywrap_tfe, "TFE_Py_VariableWatcherVariableAccessed"),
+    (pywrap_tfe, "TFE_Py_RegisterGradientFunction"),
+    (pywrap_tfe, "TFE_Py_RegisterVSpace"),
+    (pywrap_tfe, "TFE_Py_TapeSetIsEmpty"),
+    (backprop, "_default_vspace"),
 )
 """TensorFlow internals tfdtape's replacements call, checked before install."""
 
@@ -260,6 +277,14 @@ def patch_targets():
         PatchTarget(mirrored_run, "_call_for_each_replica",
                     ("distribution", "fn", "args", "kwargs"),
                     replica_recording.make_call_for_each_replica),
+        PatchTarget(backprop, "_aggregate_grads", ("gradients",),
+                    backward_placement.make_aggregate_grads,
+                    registers=backward_placement.register_aggregation),
+        PatchTarget(backprop, "_gradient_function",
+                    ("op_name", "attr_tuple", "num_inputs", "inputs", "outputs",
+                     "out_grads", "skip_input_indices", "forward_pass_name_scope"),
+                    backward_placement.make_gradient_function,
+                    registers=pywrap_tfe.TFE_Py_RegisterGradientFunction),
     ]
     table += [PatchTarget(cls, defun.RESOLVER_METHOD, ("self",),
                           defun.make_resolver_replacement)

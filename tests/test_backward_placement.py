@@ -1,0 +1,271 @@
+"""Where a tape around `strategy.run` computes: each replica's backward pass
+on that replica's device, and the total through the strategy's reduction.
+
+The reference is TensorFlow's tutorial step (tape inside `strategy.run`),
+whose backward runs in the replicas. Stock TensorFlow cannot run the
+spanning step: its tape records none of the replicas (None gradients) or
+raises the handle error.
+"""
+
+import collections
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from conftest import DEVICES
+from keras_models import tf_variable
+from tfdtape import component_totals
+from tfdtape.testing import PATCHED_CONFIGURATIONS
+
+REPLICAS = len(DEVICES)
+
+
+def replica_inputs(strategy):
+    return strategy.experimental_distribute_values_from_function(
+        lambda context: tf.fill((2, 3), float(context.replica_id_in_sync_group + 1)))
+
+
+def dense_model(strategy):
+    """Two Keras Dense layers built in the scope, fixed weights."""
+    with strategy.scope():
+        model = tf.keras.Sequential([
+            tf.keras.Input((3,)),
+            tf.keras.layers.Dense(4, activation="tanh", kernel_initializer="ones"),
+            tf.keras.layers.Dense(1, kernel_initializer="ones")])
+    return model, [tf_variable(w) for w in model.trainable_variables]
+
+
+def short(device):
+    return device.rsplit("/", 1)[-1] if device else ""
+
+
+@pytest.mark.parametrize("kind", ["raw", "keras"])
+def test_each_replicas_gradients_are_computed_on_its_device(
+        strategy, configuration, kind):
+    """Eagerly: the gradient with respect to replica r's component comes
+    back from CPU:r, as in the tutorial step."""
+    if kind == "raw":
+        with strategy.scope():
+            v = tf.Variable([[1.0], [2.0], [3.0]])
+        variables = [v]
+
+        def loss_of(x):
+            return tf.reduce_sum(tf.matmul(x, v) ** 2)
+    else:
+        model, variables = dense_model(strategy)
+
+        def loss_of(x):
+            return tf.reduce_sum(model(x) ** 2)
+
+    inputs = replica_inputs(strategy)
+    components = [c for variable in variables for c in variable.values]
+    with strategy.scope():
+        with tf.GradientTape() as tape:
+            loss = strategy.reduce("SUM", strategy.run(loss_of, args=(inputs,)),
+                                   axis=None)
+        gradients = tape.gradient(loss, components)
+    if configuration not in PATCHED_CONFIGURATIONS:
+        assert gradients == [None] * len(components)  # no replica recorded
+        return
+    assert [short(g.device) for g in gradients] == [
+        short(c.device) for c in components]
+    # The tutorial step: the same devices, and the same values.
+
+    def tutorial(x):
+        with tf.GradientTape() as replica_tape:
+            replica_loss = loss_of(x)
+        return replica_tape.gradient(replica_loss, variables)
+
+    per_replica = strategy.run(tutorial, args=(inputs,))
+    for index, variable in enumerate(variables):
+        local = strategy.experimental_local_results(per_replica[index])
+        assert [short(g.device) for g in local] == [short(c.device) for c in variable.values]
+        for replica, expected in enumerate(local):
+            found = gradients[index * REPLICAS + replica]
+            np.testing.assert_array_equal(found.numpy(), expected.numpy())
+
+
+def backward_ops(graph):
+    """(name, device) of each op tf.GradientTape's backward pass added."""
+    return [(op.name, short(op.device)) for op in graph.get_operations()
+            if op.name.startswith("gradient_tape/")]
+
+
+def replica_of(name):
+    """The replica an op's name scope says it belongs to (0 without one)."""
+    for part in name.split("/"):
+        if part.startswith("replica_") and part[len("replica_"):].isdigit():
+            return int(part[len("replica_"):])
+    return 0
+
+
+def test_traced_backward_ops_carry_their_replicas_device(strategy, configuration):
+    """In a tf.function: every backward op of replica r's forward ops is
+    placed on CPU:r, as the tutorial step's are; only those of the
+    cross-replica reduce carry none (their forward ops had none)."""
+    model, variables = dense_model(strategy)
+    inputs = replica_inputs(strategy)
+
+    @tf.function
+    def spanning():
+        with tf.GradientTape() as tape:
+            loss = strategy.reduce("SUM", strategy.run(
+                lambda x: tf.reduce_sum(model(x) ** 2), args=(inputs,)), axis=None)
+        return tape.gradient(loss, variables)
+
+    @tf.function
+    def tutorial():
+        def step(x):
+            with tf.GradientTape() as tape:
+                loss = tf.reduce_sum(model(x) ** 2)
+            return tape.gradient(loss, variables)
+        return strategy.run(step, args=(inputs,))
+
+    with strategy.scope():
+        if configuration not in PATCHED_CONFIGURATIONS:
+            with pytest.raises(ValueError, match="handle is not available"):
+                spanning()
+            return
+        spanning_ops = backward_ops(spanning.get_concrete_function().graph)
+        tutorial_ops = backward_ops(tutorial.get_concrete_function().graph)
+    placed = [(name, device) for name, device in spanning_ops if device]
+    assert all(device == f"device:CPU:{replica_of(name)}" for name, device in placed)
+    unplaced = [name for name, device in spanning_ops if not device]
+    assert all("replica_" not in name for name in unplaced)
+    # As many backward ops on each device as the tutorial step has there.
+    assert collections.Counter(d for _, d in placed) == collections.Counter(
+        d for _, d in tutorial_ops) == {
+        f"device:CPU:{r}": len(tutorial_ops) // REPLICAS for r in range(REPLICAS)}
+
+
+def test_the_total_is_reduced_by_the_strategy_and_applied_per_device(
+        strategy, configuration):
+    """The total comes from the strategy's batch_reduce_to: a copy on each
+    device, handed to each device's update in cross-replica context."""
+    model, variables = dense_model(strategy)
+    inputs = replica_inputs(strategy)
+    with strategy.scope():
+        optimizer = tf.keras.optimizers.SGD(0.01)
+        optimizer.build(model.trainable_variables)
+
+    @tf.function
+    def step():
+        with tf.GradientTape() as tape:
+            loss = strategy.reduce("SUM", strategy.run(
+                lambda x: tf.reduce_sum(model(x) ** 2), args=(inputs,)), axis=None)
+        gradients = tape.gradient(loss, model.trainable_variables)
+        optimizer.apply_gradients(zip(gradients, model.trainable_variables))
+
+    with strategy.scope():
+        if configuration not in PATCHED_CONFIGURATIONS:
+            with pytest.raises(ValueError, match="handle is not available"):
+                step()
+            return
+        graph = step.get_concrete_function().graph
+    # Each device's update reads the gradient from its own device.
+    updates = [op for op in graph.get_operations()
+               if op.type == "AssignSubVariableOp" and "/update_" in f"/{op.name}"]
+    assert len(updates) == REPLICAS * len(variables)
+    for op in updates:
+        # update_<replica>, made unique per variable: update_<replica>_<k>
+        replica = int(op.name.split("update_")[1].split("/")[0].split("_")[0])
+        sources = {short(t.op.device) for t in _gradient_inputs(op)}
+        assert sources == {f"device:CPU:{replica}"}, (op.name, sources)
+
+
+def _gradient_inputs(update):
+    """The tensors of the value an AssignSubVariableOp subtracts: the
+    inputs of the ops producing it, up to the first placed ones."""
+    found, pending = [], [update.inputs[1]]
+    while pending:
+        tensor = pending.pop()
+        if tensor.op.device or not tensor.op.inputs:
+            found.append(tensor)
+        else:
+            pending.extend(tensor.op.inputs)
+    return [t for t in found if t.dtype != tf.resource]
+
+
+def test_the_returned_total_is_a_tensor_remembered_with_its_copies(
+        strategy, configuration):
+    with strategy.scope():
+        v = tf.Variable([1.0, 2.0])
+        with tf.GradientTape() as tape:
+            loss = strategy.reduce("SUM", strategy.run(lambda: tf.reduce_sum(v * v)),
+                                   axis=None)
+        if configuration not in PATCHED_CONFIGURATIONS:
+            with pytest.raises(ValueError, match="handle is not available"):
+                tape.gradient(loss, v)
+            return
+        total = tape.gradient(loss, v)
+    assert isinstance(total, tf.Tensor)
+    np.testing.assert_array_equal(total.numpy(), [2.0 * REPLICAS, 4.0 * REPLICAS])
+    ((swapped, variable),) = component_totals.per_device([(total, v)])
+    assert variable is v
+    assert isinstance(swapped, tf.distribute.DistributedValues)
+    copies = strategy.experimental_local_results(swapped)
+    assert [short(c.device) for c in copies] == [short(c.device) for c in v.values]
+    assert any(c is total for c in copies)
+    for copy in copies:
+        np.testing.assert_array_equal(copy.numpy(), total.numpy())
+    changed = total * 1.0  # a new tensor: copied as TensorFlow copies it
+    assert component_totals.per_device([changed])[0] is changed
+
+
+def _spanning_square(strategy, v, persistent=False):
+    """A tape around the run of target = sum_r (r + 1) * v * v (elementwise)
+    and its sum; returns the tape, the target and the sum."""
+    tape = tf.GradientTape(persistent=persistent)
+    with tape:
+        target = strategy.reduce("SUM", strategy.run(lambda: (
+            tf.cast(tf.distribute.get_replica_context().replica_id_in_sync_group,
+                    tf.float32) + 1.0) * v * v), axis=None)
+        total = tf.reduce_sum(target)
+    return tape, target, total
+
+
+SCALE = REPLICAS * (REPLICAS + 1) / 2  # sum_r (r + 1)
+
+
+@pytest.mark.parametrize("configuration", PATCHED_CONFIGURATIONS, indirect=True)
+@pytest.mark.parametrize("where", ["second_order", "jacobian_pfor",
+                                   "jacobian_while_loop_traced", "cond_branch"])
+def test_where_the_total_could_run_again_it_is_summed_in_place(
+        strategy, configuration, where):
+    """The strategy's reduction has no gradient and must run once per step:
+    where the total could be differentiated (an outer tape), vectorized
+    (jacobian's pfor), looped or branched over, tfdtape sums the components
+    where tape.gradient runs, and the total is right (no hang, no None)."""
+    with strategy.scope():
+        v = tf.Variable([1.0, 2.0])
+    expected_first = 2.0 * SCALE * np.array([1.0, 2.0], np.float32)
+    if where == "second_order":
+        with strategy.scope():
+            with tf.GradientTape() as outer:
+                tape, _, total = _spanning_square(strategy, v)
+                first = tape.gradient(total, v)
+            second = outer.gradient(first, v)
+        np.testing.assert_array_equal(first.numpy(), expected_first)
+        np.testing.assert_array_equal(second.numpy(), [2.0 * SCALE] * 2)
+    elif where in ("jacobian_pfor", "jacobian_while_loop_traced"):
+        with strategy.scope():
+            tape, target, _ = _spanning_square(strategy, v, persistent=True)
+            if where == "jacobian_pfor":
+                jacobian = tape.jacobian(target, v)
+            else:
+                jacobian = tf.function(lambda: tape.jacobian(
+                    target, v, experimental_use_pfor=False))()
+        np.testing.assert_array_equal(jacobian.numpy(), np.diag(expected_first))
+        first = jacobian
+    else:
+        @tf.function
+        def branched(flag):
+            tape, _, total = _spanning_square(strategy, v)
+            return tf.cond(flag, lambda: tape.gradient(total, v),
+                           lambda: tf.zeros([2]))
+        with strategy.scope():
+            first = branched(tf.constant(True))
+        np.testing.assert_array_equal(first.numpy(), expected_first)
+    # Summed where it ran: nothing remembered to hand on per device.
+    assert component_totals.per_device([first])[0] is first

@@ -1,0 +1,141 @@
+"""The total derivative of a distributed variable from its components'
+gradients, and where that total is reduced.
+
+Outside replica context a distributed source's gradient is the sum of the
+gradients with respect to its local components. Where every component took
+part with a dense gradient, the sum goes through the variable's strategy's
+own cross-device reduction, `strategy.extended.batch_reduce_to` (the call
+the tutorial step's optimizer makes: NCCL on GPUs, the strategy's packing),
+all such sources of one `tape.gradient` call in one batch. It gives a
+`Mirrored` value, a copy of the total on each of the variable's devices;
+`tape.gradient` returns the copy on the current device (else the first),
+a `tf.Tensor` as before, and remembers the others (`remember`): an apply in
+cross-replica context (`tfdtape.merge_calls`) hands each device's update
+its own copy (`per_device`), so the step sends each gradient through the
+strategy's all-reduce once, as the tutorial's does, instead of through one
+device and back out to every other. A gradient the program changed before
+the apply is a new tensor and is copied to the devices as TensorFlow copies
+it.
+
+Otherwise the sum is taken where `tape.gradient` runs (`sum_components`):
+some components unconnected, `IndexedSlices`, one component, another
+strategy's scope, and wherever the total could be differentiated or run
+again (a tape could record it: second order; a `tf.cond` branch, a loop
+body, the body `jacobian` and `tf.vectorized_map` vectorize), since the
+strategy's reduction may have no gradient and its collectives must run
+once per step on every device.
+"""
+
+import weakref
+
+from tensorflow.python import pywrap_tfe
+from tensorflow.python.distribute import distribute_lib
+from tensorflow.python.distribute import mirrored_strategy
+from tensorflow.python.distribute import reduce_util
+from tensorflow.python.distribute import values as values_lib
+from tensorflow.python.eager import context
+from tensorflow.python.framework import indexed_slices
+from tensorflow.python.framework import ops
+from tensorflow.python.ops import array_ops
+from tensorflow.python.ops import control_flow_v2_func_graphs
+from tensorflow.python.ops import math_ops
+from tensorflow.python.util import nest
+
+# Kept across importlib.reload: totals handed out stay known.
+_copies = globals().get("_copies", {})
+"""id(total handed out) -> (weak reference to it, its Mirrored value)."""
+
+
+def sum_components(gradients):
+    """Sums the gradients of one variable's components where this runs.
+
+    None when no component is connected; IndexedSlices stay IndexedSlices
+    (their rows are concatenated); a mix of sparse and dense is made dense.
+    """
+    present = [g for g in gradients if g is not None]
+    if len(present) <= 1:
+        return present[0] if present else None
+    if all(isinstance(g, indexed_slices.IndexedSlices) for g in present):
+        return indexed_slices.IndexedSlices(
+            values=array_ops.concat([g.values for g in present], axis=0),
+            indices=array_ops.concat([g.indices for g in present], axis=0),
+            dense_shape=present[0].dense_shape)
+    return math_ops.add_n([ops.convert_to_tensor(g) for g in present])
+
+
+def reducible(variable, gradients):
+    """Whether the total for `variable` (a distributed variable) from its
+    components' `gradients` goes through its strategy's reduction."""
+    return (len(gradients) > 1 and _may_reduce_here(variable.distribute_strategy) and
+            isinstance(variable.distribute_strategy.extended,
+                       mirrored_strategy.MirroredExtended) and
+            all(g is not None and not isinstance(g, indexed_slices.IndexedSlices)
+                for g in gradients))
+
+
+_PFOR_BODY_SCOPE = "loop_body"
+"""The name scope `tf.vectorized_map` and `jacobian` trace their loop body in
+(`parallel_for.control_flow_ops._pfor_impl`), run once per iteration."""
+
+
+def _may_reduce_here(strategy):
+    """Whether a reduction by `strategy` may run here: in its scope or no
+    strategy's, and where nothing would differentiate it or run it more or
+    less than once (no tape that could record, no control-flow body)."""
+    if distribute_lib.has_strategy() and distribute_lib.get_strategy() is not strategy:
+        return False
+    if not pywrap_tfe.TFE_Py_TapeSetIsEmpty():
+        return False
+    if context.executing_eagerly():
+        return True
+    graph = ops.get_default_graph()
+    return not (isinstance(graph, control_flow_v2_func_graphs.ControlFlowFuncGraph) or
+                graph._get_control_flow_context() is not None or
+                _PFOR_BODY_SCOPE in ops.get_name_scope().split("/"))
+
+
+def reduce(pairs):
+    """The totals of `pairs`, (distributed variable, its components'
+    gradients) each, reduced by the variables' strategies, one batch per
+    strategy; the copy on the current device of each, remembered."""
+    by_strategy = {}
+    for index, (variable, gradients) in enumerate(pairs):
+        strategy = variable.distribute_strategy
+        by_strategy.setdefault(id(strategy), (strategy, []))[1].append(
+            (index, variable, gradients))
+    totals = [None] * len(pairs)
+    for strategy, items in by_strategy.values():
+        mirrored = strategy.extended.batch_reduce_to(
+            reduce_util.ReduceOp.SUM,
+            [(values_lib.PerReplica(tuple(gradients)), variable)
+             for _, variable, gradients in items])
+        for (index, _, _), value in zip(items, mirrored):
+            totals[index] = _here(value)
+    return totals
+
+
+def _here(mirrored):
+    """The copy of a Mirrored total on the current device, else the first;
+    the others are remembered for the apply."""
+    total = mirrored._get_on_device_or_primary()
+    key, copies = id(total), _copies  # The module's globals go at exit.
+    try:
+        reference = weakref.ref(total, lambda _: copies.pop(key, None))
+    except TypeError:  # Not weakly referable: no copies handed on.
+        return total
+    _copies[key] = (reference, mirrored)
+    return total
+
+
+def per_device(structure):
+    """`structure` with each total `reduce` handed out replaced by its
+    Mirrored value (a copy on each device), anything else as it is."""
+    def swap(value):
+        found = _copies.get(id(value))
+        if found is not None and found[0]() is value:
+            return found[1]
+        return value
+
+    if not _copies:
+        return structure
+    return nest.map_structure(swap, structure)
