@@ -14,6 +14,7 @@ import pytest
 import tensorflow as tf
 
 from conftest import DEVICES
+from keras_models import is_keras3
 from keras_models import tf_variable
 from tfdtape import component_totals
 from tfdtape.testing import PATCHED_CONFIGURATIONS
@@ -34,6 +35,24 @@ def dense_model(strategy):
             tf.keras.layers.Dense(4, activation="tanh", kernel_initializer="ones"),
             tf.keras.layers.Dense(1, kernel_initializer="ones")])
     return model, [tf_variable(w) for w in model.trainable_variables]
+
+
+REDUCTIONS = {
+    "hierarchical_copy": tf.distribute.HierarchicalCopyAllReduce,
+    "reduction_to_one_device": tf.distribute.ReductionToOneDevice,
+}
+_strategies = {}
+
+
+def strategy_reducing_by(name, default):
+    """MirroredStrategy over DEVICES with the named cross-device ops, one per
+    name for the process ("default": the conftest strategy)."""
+    if name == "default":
+        return default
+    if name not in _strategies:
+        _strategies[name] = tf.distribute.MirroredStrategy(
+            DEVICES, cross_device_ops=REDUCTIONS[name]())
+    return _strategies[name]
 
 
 def short(device):
@@ -141,8 +160,10 @@ def test_traced_backward_ops_carry_their_replicas_device(strategy, configuration
 
 def test_the_total_is_reduced_by_the_strategy_and_applied_per_device(
         strategy, configuration):
-    """The total comes from the strategy's batch_reduce_to: a copy on each
+    """With a reduction the program chose (here HierarchicalCopyAllReduce),
+    the total comes from the strategy's batch_reduce_to: a copy on each
     device, handed to each device's update in cross-replica context."""
+    strategy = strategy_reducing_by("hierarchical_copy", strategy)
     model, variables = dense_model(strategy)
     inputs = replica_inputs(strategy)
     with strategy.scope():
@@ -155,7 +176,9 @@ def test_the_total_is_reduced_by_the_strategy_and_applied_per_device(
             loss = strategy.reduce("SUM", strategy.run(
                 lambda x: tf.reduce_sum(model(x) ** 2), args=(inputs,)), axis=None)
         gradients = tape.gradient(loss, model.trainable_variables)
-        optimizer.apply_gradients(zip(gradients, model.trainable_variables))
+        optimizer.apply_gradients(zip(gradients, model.trainable_variables),
+                                  **({} if is_keras3(tf.keras)
+                                     else {"skip_gradients_aggregation": True}))
 
     with strategy.scope():
         if configuration not in PATCHED_CONFIGURATIONS:
@@ -164,13 +187,19 @@ def test_the_total_is_reduced_by_the_strategy_and_applied_per_device(
             return
         graph = step.get_concrete_function().graph
     # Each device's update reads the gradient from its own device.
-    updates = [op for op in graph.get_operations()
-               if op.type == "AssignSubVariableOp" and "/update_" in f"/{op.name}"]
+    # Keras 3 subtracts the step from the variable; Keras 2 assigns the new
+    # value. Updates of other state (the iteration count, from reads) have
+    # no gradient input.
+    updates = [(op, {short(t.op.device) for t in _gradient_inputs(op)})
+               for op in graph.get_operations()
+               if op.type in ("AssignSubVariableOp", "AssignAddVariableOp",
+                              "AssignVariableOp") and
+               "/update_" in f"/{op.name}" and op.inputs[1].dtype == tf.float32]
+    updates = [(op, sources) for op, sources in updates if sources]
     assert len(updates) == REPLICAS * len(variables)
-    for op in updates:
+    for op, sources in updates:
         # update_<replica>, made unique per variable: update_<replica>_<k>
         replica = int(op.name.split("update_")[1].split("/")[0].split("_")[0])
-        sources = {short(t.op.device) for t in _gradient_inputs(op)}
         assert sources == {f"device:CPU:{replica}"}, (op.name, sources)
 
 
@@ -187,8 +216,16 @@ def _gradient_inputs(update):
     return [t for t in found if t.dtype != tf.resource]
 
 
+@pytest.mark.parametrize("reduction", ["default", "hierarchical_copy",
+                                       "reduction_to_one_device"])
 def test_the_returned_total_is_a_tensor_remembered_with_its_copies(
-        strategy, configuration):
+        strategy, configuration, reduction):
+    """A tensor either way; copies per device where the strategy all-reduces
+    by a reduction the program chose; the sum in place, nothing remembered,
+    where that moves no more: ReductionToOneDevice (it sums on its first
+    device by add_n and copies out, as the apply does) and the default
+    reduction when every device is a CPU of this host (as here)."""
+    strategy = strategy_reducing_by(reduction, strategy)
     with strategy.scope():
         v = tf.Variable([1.0, 2.0])
         with tf.GradientTape() as tape:
@@ -201,6 +238,9 @@ def test_the_returned_total_is_a_tensor_remembered_with_its_copies(
         total = tape.gradient(loss, v)
     assert isinstance(total, tf.Tensor)
     np.testing.assert_array_equal(total.numpy(), [2.0 * REPLICAS, 4.0 * REPLICAS])
+    if reduction in ("default", "reduction_to_one_device"):
+        assert component_totals.per_device([total])[0] is total
+        return
     ((swapped, variable),) = component_totals.per_device([(total, v)])
     assert variable is v
     assert isinstance(swapped, tf.distribute.DistributedValues)

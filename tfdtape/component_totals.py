@@ -9,7 +9,7 @@ the tutorial step's optimizer makes: NCCL on GPUs, the strategy's packing),
 all such sources of one `tape.gradient` call in one batch. It gives a
 `Mirrored` value, a copy of the total on each of the variable's devices;
 `tape.gradient` returns the copy on the current device (else the first),
-a `tf.Tensor` as before, and remembers the others (`remember`): an apply in
+a `tf.Tensor` as before, and remembers the others: an apply in
 cross-replica context (`tfdtape.merge_calls`) hands each device's update
 its own copy (`per_device`), so the step sends each gradient through the
 strategy's all-reduce once, as the tutorial's does, instead of through one
@@ -18,7 +18,10 @@ the apply is a new tensor and is copied to the devices as TensorFlow copies
 it.
 
 Otherwise the sum is taken where `tape.gradient` runs (`sum_components`):
-some components unconnected, `IndexedSlices`, one component, another
+where that moves no more than the strategy's reduction would
+(`ReductionToOneDevice` onto its first device; the default all-reduce of a
+MirroredStrategy whose devices are all this host's CPUs), some components
+unconnected, `IndexedSlices`, one component, another
 strategy's scope, and wherever the total could be differentiated or run
 again (a tape could record it: second order; a `tf.cond` branch, a loop
 body, the body `jacobian` and `tf.vectorized_map` vectorize), since the
@@ -29,17 +32,20 @@ once per step on every device.
 import weakref
 
 from tensorflow.python import pywrap_tfe
-from tensorflow.python.distribute import distribute_lib
+from tensorflow.python.distribute import cross_device_ops
 from tensorflow.python.distribute import mirrored_strategy
 from tensorflow.python.distribute import reduce_util
 from tensorflow.python.distribute import values as values_lib
 from tensorflow.python.eager import context
+from tensorflow.python.framework import device_spec
 from tensorflow.python.framework import indexed_slices
 from tensorflow.python.framework import ops
 from tensorflow.python.ops import array_ops
 from tensorflow.python.ops import control_flow_v2_func_graphs
 from tensorflow.python.ops import math_ops
 from tensorflow.python.util import nest
+
+from tfdtape import compat
 
 # Kept across importlib.reload: totals handed out stay known.
 _copies = globals().get("_copies", {})
@@ -66,11 +72,35 @@ def sum_components(gradients):
 def reducible(variable, gradients):
     """Whether the total for `variable` (a distributed variable) from its
     components' `gradients` goes through its strategy's reduction."""
-    return (len(gradients) > 1 and _may_reduce_here(variable.distribute_strategy) and
-            isinstance(variable.distribute_strategy.extended,
-                       mirrored_strategy.MirroredExtended) and
+    strategy = variable.distribute_strategy
+    return (len(gradients) > 1 and
+            isinstance(strategy.extended, mirrored_strategy.MirroredExtended) and
             all(g is not None and not isinstance(g, indexed_slices.IndexedSlices)
-                for g in gradients))
+                for g in gradients) and
+            _may_reduce_here(strategy) and
+            not _reduces_on_first_device(strategy, gradients))
+
+
+def _reduces_on_first_device(strategy, gradients):
+    """Whether summing `gradients` here and copying the total to each device
+    at the apply moves no more than `strategy`'s own reduction would: where
+    it would reduce on its first device by `add_n` and copy out
+    (`ReductionToOneDevice`, MirroredStrategy's default for CPUs on
+    TensorFlow 2.12), and where every device is a CPU of this host and the
+    strategy all-reduces with the collectives it picked by default (host
+    memory has no links to spread traffic over: the ring only adds work).
+    A reduction the program chose stays its own."""
+    extended = strategy.extended
+    try:
+        chosen = extended._get_cross_device_ops(values_lib.PerReplica(tuple(gradients)))
+        default = extended._cross_device_ops is getattr(extended, "_collective_ops", None)
+    except AttributeError:  # Another TensorFlow: reduce through the strategy.
+        return False
+    if type(chosen) is cross_device_ops.ReductionToOneDevice:
+        return chosen.reduce_to_device is None and chosen.accumulation_fn is math_ops.add_n
+    return default and all(
+        device_spec.DeviceSpecV2.from_string(device).device_type == "CPU"
+        for device in extended.worker_devices)
 
 
 _PFOR_BODY_SCOPE = "loop_body"
@@ -82,7 +112,8 @@ def _may_reduce_here(strategy):
     """Whether a reduction by `strategy` may run here: in its scope or no
     strategy's, and where nothing would differentiate it or run it more or
     less than once (no tape that could record, no control-flow body)."""
-    if distribute_lib.has_strategy() and distribute_lib.get_strategy() is not strategy:
+    strategies = compat.strategy_context
+    if strategies.has_strategy() and strategies.get_strategy() is not strategy:
         return False
     if not pywrap_tfe.TFE_Py_TapeSetIsEmpty():
         return False
