@@ -158,12 +158,19 @@ def test_traced_backward_ops_carry_their_replicas_device(strategy, configuration
         f"device:CPU:{r}": len(tutorial_ops) // REPLICAS for r in range(REPLICAS)}
 
 
+@pytest.mark.parametrize("reduction", ["default", "hierarchical_copy"])
 def test_the_total_is_reduced_by_the_strategy_and_applied_per_device(
-        strategy, configuration):
-    """With a reduction the program chose (here HierarchicalCopyAllReduce),
-    the total comes from the strategy's batch_reduce_to: a copy on each
-    device, handed to each device's update in cross-replica context."""
-    strategy = strategy_reducing_by("hierarchical_copy", strategy)
+        strategy, configuration, reduction):
+    """In a tf.function, with the default all-reduce or one the program
+    chose (HierarchicalCopyAllReduce), the total comes from the strategy's
+    batch_reduce_to: a copy on each device, handed to each device's update
+    in cross-replica context."""
+    strategy = strategy_reducing_by(reduction, strategy)
+    if isinstance(strategy.extended._get_cross_device_ops(tf.constant(0.0)),
+                  tf.distribute.ReductionToOneDevice):
+        pytest.skip("this TensorFlow's MirroredStrategy reduces on its first "
+                    "device by default, summed in place: "
+                    "test_the_returned_total_is_a_tensor_remembered_with_its_copies")
     model, variables = dense_model(strategy)
     inputs = replica_inputs(strategy)
     with strategy.scope():
@@ -220,11 +227,11 @@ def _gradient_inputs(update):
                                        "reduction_to_one_device"])
 def test_the_returned_total_is_a_tensor_remembered_with_its_copies(
         strategy, configuration, reduction):
-    """A tensor either way; copies per device where the strategy all-reduces
-    by a reduction the program chose; the sum in place, nothing remembered,
-    where that moves no more: ReductionToOneDevice (it sums on its first
-    device by add_n and copies out, as the apply does) and the default
-    reduction when every device is a CPU of this host (as here)."""
+    """Eagerly: a tensor either way; copies per device where the strategy
+    all-reduces by a reduction the program chose; the sum in place, nothing
+    remembered, where that costs no more: ReductionToOneDevice (it sums on
+    its first device by add_n and copies out, as the apply does) and the
+    default reduction when every device is a CPU of this host (as here)."""
     strategy = strategy_reducing_by(reduction, strategy)
     with strategy.scope():
         v = tf.Variable([1.0, 2.0])

@@ -18,10 +18,10 @@ the apply is a new tensor and is copied to the devices as TensorFlow copies
 it.
 
 Otherwise the sum is taken where `tape.gradient` runs (`sum_components`):
-where that moves no more than the strategy's reduction would
-(`ReductionToOneDevice` onto its first device; the default all-reduce of a
-MirroredStrategy whose devices are all this host's CPUs), some components
-unconnected, `IndexedSlices`, one component, another
+where that costs no more than the strategy's reduction would
+(`ReductionToOneDevice` onto its first device; eagerly, the default
+all-reduce of a MirroredStrategy whose devices are all this host's CPUs),
+some components unconnected, `IndexedSlices`, one component, another
 strategy's scope, and wherever the total could be differentiated or run
 again (a tape could record it: second order; a `tf.cond` branch, a loop
 body, the body `jacobian` and `tf.vectorized_map` vectorize), since the
@@ -83,13 +83,21 @@ def reducible(variable, gradients):
 
 def _reduces_on_first_device(strategy, gradients):
     """Whether summing `gradients` here and copying the total to each device
-    at the apply moves no more than `strategy`'s own reduction would: where
-    it would reduce on its first device by `add_n` and copy out
-    (`ReductionToOneDevice`, MirroredStrategy's default for CPUs on
-    TensorFlow 2.12), and where every device is a CPU of this host and the
-    strategy all-reduces with the collectives it picked by default (host
-    memory has no links to spread traffic over: the ring only adds work).
-    A reduction the program chose stays its own."""
+    at the apply costs no more than `strategy`'s own reduction would.
+
+    - Where the strategy would reduce on its first device by `add_n` and
+      copy out (`ReductionToOneDevice`, MirroredStrategy's default for CPUs
+      on TensorFlow 2.12): the same transfers.
+    - Eagerly, where every device is a CPU of this host and the strategy
+      all-reduces with the collectives it picked by default: host memory has
+      no links to spread traffic over, and eager collectives launch through
+      a thread pool on every call. In a graph the all-reduce packs every
+      gradient into a few collectives, where the sum here would add two
+      cross-device transfers per variable and device, so the strategy
+      reduces.
+
+    A reduction the program chose stays its own.
+    """
     extended = strategy.extended
     try:
         chosen = extended._get_cross_device_ops(values_lib.PerReplica(tuple(gradients)))
@@ -98,7 +106,7 @@ def _reduces_on_first_device(strategy, gradients):
         return False
     if type(chosen) is cross_device_ops.ReductionToOneDevice:
         return chosen.reduce_to_device is None and chosen.accumulation_fn is math_ops.add_n
-    return default and all(
+    return default and context.executing_eagerly() and all(
         device_spec.DeviceSpecV2.from_string(device).device_type == "CPU"
         for device in extended.worker_devices)
 
