@@ -160,11 +160,13 @@ def test_traced_backward_ops_carry_their_replicas_device(strategy, configuration
 
 @pytest.mark.parametrize("reduction", ["default", "hierarchical_copy"])
 def test_the_total_is_reduced_by_the_strategy_and_applied_per_device(
-        strategy, configuration, reduction):
-    """In a tf.function, with the default all-reduce or one the program
-    chose (HierarchicalCopyAllReduce), the total comes from the strategy's
+        strategy, configuration, reduction, monkeypatch):
+    """In a tf.function, with the default all-reduce (for a model past
+    IN_PLACE_TRANSFERS, here set to 0) or one the program chose
+    (HierarchicalCopyAllReduce), the total comes from the strategy's
     batch_reduce_to: a copy on each device, handed to each device's update
     in cross-replica context."""
+    monkeypatch.setattr(component_totals, "IN_PLACE_TRANSFERS", 0)
     strategy = strategy_reducing_by(reduction, strategy)
     if isinstance(strategy.extended._get_cross_device_ops(tf.constant(0.0)),
                   tf.distribute.ReductionToOneDevice):
@@ -208,6 +210,37 @@ def test_the_total_is_reduced_by_the_strategy_and_applied_per_device(
         # update_<replica>, made unique per variable: update_<replica>_<k>
         replica = int(op.name.split("update_")[1].split("/")[0].split("_")[0])
         assert sources == {f"device:CPU:{replica}"}, (op.name, sources)
+    if reduction == "default":
+        assert "CollectiveReduceV2" in {op.type for op in graph.get_operations()}
+
+
+@pytest.mark.parametrize("configuration", PATCHED_CONFIGURATIONS, indirect=True)
+@pytest.mark.parametrize("limit", [0, component_totals.IN_PLACE_TRANSFERS])
+def test_a_small_model_in_a_graph_on_cpus_is_summed_in_place(
+        strategy, configuration, limit, monkeypatch):
+    """The default all-reduce on this host's CPUs: up to IN_PLACE_TRANSFERS
+    variables x other devices the totals are summed in place (no collective),
+    past it all-reduced; the weights are the same either way."""
+    monkeypatch.setattr(component_totals, "IN_PLACE_TRANSFERS", limit)
+    if isinstance(strategy.extended._get_cross_device_ops(tf.constant(0.0)),
+                  tf.distribute.ReductionToOneDevice):
+        pytest.skip("this TensorFlow's MirroredStrategy reduces on its first "
+                    "device by default: summed in place at any size")
+    with strategy.scope():
+        v = tf.Variable([1.0, 2.0])
+
+    @tf.function
+    def gradient():
+        with tf.GradientTape() as tape:
+            loss = strategy.reduce("SUM", strategy.run(lambda: tf.reduce_sum(v * v)),
+                                   axis=None)
+        return tape.gradient(loss, v)
+
+    with strategy.scope():
+        total = gradient()
+        types = {op.type for op in gradient.get_concrete_function().graph.get_operations()}
+    np.testing.assert_array_equal(total.numpy(), [2.0 * REPLICAS, 4.0 * REPLICAS])
+    assert ("CollectiveReduceV2" in types) == (limit < REPLICAS - 1)
 
 
 def _gradient_inputs(update):

@@ -19,9 +19,9 @@ it.
 
 Otherwise the sum is taken where `tape.gradient` runs (`sum_components`):
 where that costs no more than the strategy's reduction would
-(`ReductionToOneDevice` onto its first device; eagerly, the default
-all-reduce of a MirroredStrategy whose devices are all this host's CPUs),
-some components unconnected, `IndexedSlices`, one component, another
+(`ReductionToOneDevice` onto its first device; the default all-reduce of a
+MirroredStrategy whose devices are all this host's CPUs, eagerly and for
+small models in a graph), some components unconnected, `IndexedSlices`, one component, another
 strategy's scope, and wherever the total could be differentiated or run
 again (a tape could record it: second order; a `tf.cond` branch, a loop
 body, the body `jacobian` and `tf.vectorized_map` vectorize), since the
@@ -77,28 +77,36 @@ def reducible(variable, gradients):
             isinstance(strategy.extended, mirrored_strategy.MirroredExtended) and
             all(g is not None and not isinstance(g, indexed_slices.IndexedSlices)
                 for g in gradients) and
-            _may_reduce_here(strategy) and
-            not _reduces_on_first_device(strategy, gradients))
+            _may_reduce_here(strategy))
 
 
-def _reduces_on_first_device(strategy, gradients):
-    """Whether summing `gradients` here and copying the total to each device
-    at the apply costs no more than `strategy`'s own reduction would.
+IN_PLACE_TRANSFERS = 200
+"""On this host's CPUs in a graph: the most variables x (devices - 1) whose
+totals are summed in place rather than all-reduced. Summing in place costs
+two cross-device transfers per variable and other device; the all-reduce
+packs every gradient into a few collectives per device. Measured with
+benchmarks/spanning_step.py (2 cores, virtual CPUs): in place was the faster
+up to 126 (18 variables, 8 devices: 0.77x the tutorial step against 1.02x),
+the all-reduce from 258 (258 variables, 2 devices: 1.03x against 0.85x)."""
+
+
+def _sums_in_place(strategy, items):
+    """Whether summing the totals of `items` ((index, variable, gradients)
+    each) here, and copying them to each device at the apply, costs no more
+    than `strategy`'s own reduction would.
 
     - Where the strategy would reduce on its first device by `add_n` and
       copy out (`ReductionToOneDevice`, MirroredStrategy's default for CPUs
       on TensorFlow 2.12): the same transfers.
-    - Eagerly, where every device is a CPU of this host and the strategy
-      all-reduces with the collectives it picked by default: host memory has
-      no links to spread traffic over, and eager collectives launch through
-      a thread pool on every call. In a graph the all-reduce packs every
-      gradient into a few collectives, where the sum here would add two
-      cross-device transfers per variable and device, so the strategy
-      reduces.
+    - Where every device is a CPU of this host and the strategy all-reduces
+      with the collectives it picked by default (host memory has no links to
+      spread traffic over): eagerly, where collectives launch through a
+      thread pool on every call; in a graph, up to IN_PLACE_TRANSFERS.
 
-    A reduction the program chose stays its own.
+    A reduction the program chose, and every GPU, stays the strategy's.
     """
     extended = strategy.extended
+    gradients = items[0][2]
     try:
         chosen = extended._get_cross_device_ops(values_lib.PerReplica(tuple(gradients)))
         default = extended._cross_device_ops is getattr(extended, "_collective_ops", None)
@@ -106,9 +114,12 @@ def _reduces_on_first_device(strategy, gradients):
         return False
     if type(chosen) is cross_device_ops.ReductionToOneDevice:
         return chosen.reduce_to_device is None and chosen.accumulation_fn is math_ops.add_n
-    return default and context.executing_eagerly() and all(
-        device_spec.DeviceSpecV2.from_string(device).device_type == "CPU"
-        for device in extended.worker_devices)
+    if not default or not all(
+            device_spec.DeviceSpecV2.from_string(device).device_type == "CPU"
+            for device in extended.worker_devices):
+        return False
+    return (context.executing_eagerly() or
+            len(items) * (len(gradients) - 1) <= IN_PLACE_TRANSFERS)
 
 
 _PFOR_BODY_SCOPE = "loop_body"
@@ -135,8 +146,9 @@ def _may_reduce_here(strategy):
 
 def reduce(pairs):
     """The totals of `pairs`, (distributed variable, its components'
-    gradients) each, reduced by the variables' strategies, one batch per
-    strategy; the copy on the current device of each, remembered."""
+    gradients) each, `reducible`: reduced by the variables' strategies, one
+    batch per strategy, the copy on the current device of each remembered;
+    or summed in place, where that costs no more (`_sums_in_place`)."""
     by_strategy = {}
     for index, (variable, gradients) in enumerate(pairs):
         strategy = variable.distribute_strategy
@@ -144,6 +156,10 @@ def reduce(pairs):
             (index, variable, gradients))
     totals = [None] * len(pairs)
     for strategy, items in by_strategy.values():
+        if _sums_in_place(strategy, items):
+            for index, _, gradients in items:
+                totals[index] = sum_components(gradients)
+            continue
         mirrored = strategy.extended.batch_reduce_to(
             reduce_util.ReduceOp.SUM,
             [(values_lib.PerReplica(tuple(gradients)), variable)
