@@ -349,3 +349,41 @@ def test_where_the_total_could_run_again_it_is_summed_in_place(
         np.testing.assert_array_equal(first.numpy(), expected_first)
     # Summed where it ran: nothing remembered to hand on per device.
     assert component_totals.per_device([first])[0] is first
+
+
+@pytest.mark.parametrize("configuration", PATCHED_CONFIGURATIONS, indirect=True)
+def test_a_remembered_total_is_forgotten_with_the_tensor(strategy, configuration):
+    """Eagerly the entry goes when the program drops the gradient (it held
+    the total itself once, and 50 steps kept 50 totals per variable); in a
+    tf.function the entries live on the traced graph, not in the module."""
+    import gc
+
+    strategy = strategy_reducing_by("hierarchical_copy", strategy)
+    with strategy.scope():
+        v = tf.Variable([1.0, 2.0])
+    before = len(component_totals._copies)
+    for _ in range(5):
+        with strategy.scope():
+            with tf.GradientTape() as tape:
+                loss = strategy.reduce("SUM", strategy.run(
+                    lambda: tf.reduce_sum(v * v)), axis=None)
+            total = tape.gradient(loss, v)
+        assert len(component_totals._copies) == before + 1
+        del total
+        gc.collect()
+        assert len(component_totals._copies) == before
+
+    @tf.function
+    def traced():
+        with tf.GradientTape() as tape:
+            loss = strategy.reduce("SUM", strategy.run(
+                lambda: tf.reduce_sum(v * v)), axis=None)
+        total = tape.gradient(loss, v)
+        assert isinstance(component_totals.per_device([total])[0],
+                          tf.distribute.DistributedValues)
+        return total
+
+    with strategy.scope():
+        np.testing.assert_array_equal(traced().numpy(),
+                                      [2.0 * REPLICAS, 4.0 * REPLICAS])
+    assert len(component_totals._copies) == before

@@ -49,7 +49,8 @@ from tfdtape import compat
 
 # Kept across importlib.reload: totals handed out stay known.
 _copies = globals().get("_copies", {})
-"""id(total handed out) -> (weak reference to it, its Mirrored value)."""
+"""Eagerly: id(total handed out) -> (weak reference to it, the Mirrored
+value's copies with None in its place); an entry goes with the total."""
 
 
 def sum_components(gradients):
@@ -169,28 +170,53 @@ def reduce(pairs):
     return totals
 
 
+def _memo():
+    """Where the totals handed out here are remembered: eagerly, this
+    module's `_copies`; in a graph, a dictionary on the graph, which goes
+    with it (its entries hold the graph's tensors)."""
+    if context.executing_eagerly():
+        return _copies
+    graph = ops.get_default_graph()
+    memo = getattr(graph, _GRAPH_MEMO, None)
+    if memo is None:
+        memo = {}
+        setattr(graph, _GRAPH_MEMO, memo)
+    return memo
+
+
+_GRAPH_MEMO = "_tfdtape_reduced_totals"
+
+
 def _here(mirrored):
     """The copy of a Mirrored total on the current device, else the first;
-    the others are remembered for the apply."""
+    the others are remembered for the apply, for as long as that copy lives
+    (the entry holds it weakly, the others in its place)."""
     total = mirrored._get_on_device_or_primary()
-    key, copies = id(total), _copies  # The module's globals go at exit.
+    memo = _memo()
+    key = id(total)
     try:
-        reference = weakref.ref(total, lambda _: copies.pop(key, None))
+        reference = weakref.ref(total, lambda _: memo.pop(key, None))
     except TypeError:  # Not weakly referable: no copies handed on.
         return total
-    _copies[key] = (reference, mirrored)
+    others = tuple(None if value is total else value for value in mirrored.values)
+    memo[key] = (reference, others)
     return total
 
 
 def per_device(structure):
-    """`structure` with each total `reduce` handed out replaced by its
-    Mirrored value (a copy on each device), anything else as it is."""
-    def swap(value):
-        found = _copies.get(id(value))
-        if found is not None and found[0]() is value:
-            return found[1]
-        return value
-
-    if not _copies:
+    """`structure` with each total `reduce` handed out (here: eagerly, or in
+    the current graph) replaced by its Mirrored value (a copy on each
+    device), anything else as it is."""
+    memo = _memo() if context.executing_eagerly() else getattr(
+        ops.get_default_graph(), _GRAPH_MEMO, None)
+    if not memo:
         return structure
+
+    def swap(value):
+        found = memo.get(id(value))
+        if found is None or found[0]() is not value:
+            return value
+        return values_lib.Mirrored(
+            tuple(value if copy is None else copy for copy in found[1]))
+
     return nest.map_structure(swap, structure)
