@@ -50,8 +50,11 @@ DIMENSIONS = {
     "extra_read": (False, True),
     "step": ("gradient", "sgd"),
     "read": ("dense", "gather"),
+    "reduction": ("default", "hierarchical_copy"),
 }
-"""Each dimension's choices."""
+"""Each dimension's choices. `reduction`: MirroredStrategy's cross-device
+ops, its default or HierarchicalCopyAllReduce (totals then go through
+batch_reduce_to and a cross-replica apply gets a copy per device)."""
 
 SIMPLEST = {name: choices[0] for name, choices in DIMENSIONS.items()}
 SIMPLEST.update(tape="around_run", variable="mirrored", strategy="mirrored")
@@ -84,6 +87,7 @@ class Program:
     extra_read: bool
     step: str
     read: str = "dense"
+    reduction: str = "default"
 
     def spec(self):
         """One line of JSON that `Program.from_spec` reads back."""
@@ -112,6 +116,8 @@ def pinned(program):
         changes.update(watch="explicit_before")
     if p.strategy == "none":
         changes.update(scope="none")
+    if p.strategy != "mirrored":
+        changes.update(reduction="default")
     if p.target == "per_replica" and p.control in ("cond", "loop"):
         changes.update(control="straight")  # Control flow returns a reduced target.
     return dataclasses.replace(p, **changes)

@@ -39,14 +39,20 @@ class Layout:
         self.devices = devices
         self._strategies = {}
 
-    def strategy(self, name):
-        if name not in self._strategies:
-            self._strategies[name] = {
+    def strategy(self, name, reduction="default"):
+        """The strategy `name`; a MirroredStrategy's cross-device ops by
+        `reduction` (its default, or HierarchicalCopyAllReduce)."""
+        key = (name, reduction)
+        if key not in self._strategies:
+            cross_device_ops = (tf.distribute.HierarchicalCopyAllReduce()
+                                if reduction == "hierarchical_copy" else None)
+            self._strategies[key] = {
                 "none": tf.distribute.get_strategy,
                 "one_device": lambda: tf.distribute.OneDeviceStrategy(self.devices[0]),
-                "mirrored": lambda: tf.distribute.MirroredStrategy(self.devices),
+                "mirrored": lambda: tf.distribute.MirroredStrategy(
+                    self.devices, cross_device_ops=cross_device_ops),
             }[name]()
-        return self._strategies[name]
+        return self._strategies[key]
 
 
 def make_variable(program, strategy):
@@ -123,7 +129,7 @@ class Build:
     def __init__(self, program, layout):
         self.p = program
         self.layout = layout
-        self.strategy = layout.strategy(program.strategy)
+        self.strategy = layout.strategy(program.strategy, program.reduction)
         self.w, self.value = make_variable(program, self.strategy)
         self.unused = (make_variable(program, self.strategy)[0]
                        if program.unconnected != "none" else None)

@@ -55,6 +55,13 @@ def strategy_reducing_by(name, default):
     return _strategies[name]
 
 
+def reduces_on_first_device_by_default(strategy):
+    """Whether TensorFlow's MirroredStrategy picked ReductionToOneDevice for
+    float values (its default for CPUs on TensorFlow 2.12)."""
+    return isinstance(strategy.extended._get_cross_device_ops(tf.constant(0.0)),
+                      tf.distribute.ReductionToOneDevice)
+
+
 def short(device):
     return device.rsplit("/", 1)[-1] if device else ""
 
@@ -168,8 +175,7 @@ def test_the_total_is_reduced_by_the_strategy_and_applied_per_device(
     in cross-replica context."""
     monkeypatch.setattr(component_totals, "IN_PLACE_TRANSFERS", 0)
     strategy = strategy_reducing_by(reduction, strategy)
-    if isinstance(strategy.extended._get_cross_device_ops(tf.constant(0.0)),
-                  tf.distribute.ReductionToOneDevice):
+    if reduces_on_first_device_by_default(strategy):
         pytest.skip("this TensorFlow's MirroredStrategy reduces on its first "
                     "device by default, summed in place: "
                     "test_the_returned_total_is_a_tensor_remembered_with_its_copies")
@@ -222,8 +228,7 @@ def test_a_small_model_in_a_graph_on_cpus_is_summed_in_place(
     variables x other devices the totals are summed in place (no collective),
     past it all-reduced; the weights are the same either way."""
     monkeypatch.setattr(component_totals, "IN_PLACE_TRANSFERS", limit)
-    if isinstance(strategy.extended._get_cross_device_ops(tf.constant(0.0)),
-                  tf.distribute.ReductionToOneDevice):
+    if reduces_on_first_device_by_default(strategy):
         pytest.skip("this TensorFlow's MirroredStrategy reduces on its first "
                     "device by default: summed in place at any size")
     with strategy.scope():

@@ -72,13 +72,13 @@ def sum_components(gradients):
 
 def reducible(variable, gradients):
     """Whether the total for `variable` (a distributed variable) from its
-    components' `gradients` goes through its strategy's reduction."""
-    strategy = variable.distribute_strategy
+    components' `gradients` may go through its strategy's reduction (where
+    `reduce` finds it may run and costs no more)."""
     return (len(gradients) > 1 and
-            isinstance(strategy.extended, mirrored_strategy.MirroredExtended) and
+            isinstance(variable.distribute_strategy.extended,
+                       mirrored_strategy.MirroredExtended) and
             all(g is not None and not isinstance(g, indexed_slices.IndexedSlices)
-                for g in gradients) and
-            _may_reduce_here(strategy))
+                for g in gradients))
 
 
 IN_PLACE_TRANSFERS = 200
@@ -149,7 +149,8 @@ def reduce(pairs):
     """The totals of `pairs`, (distributed variable, its components'
     gradients) each, `reducible`: reduced by the variables' strategies, one
     batch per strategy, the copy on the current device of each remembered;
-    or summed in place, where that costs no more (`_sums_in_place`)."""
+    or summed in place, where the reduction may not run here
+    (`_may_reduce_here`) or costs more (`_sums_in_place`)."""
     by_strategy = {}
     for index, (variable, gradients) in enumerate(pairs):
         strategy = variable.distribute_strategy
@@ -157,7 +158,7 @@ def reduce(pairs):
             (index, variable, gradients))
     totals = [None] * len(pairs)
     for strategy, items in by_strategy.values():
-        if _sums_in_place(strategy, items):
+        if not _may_reduce_here(strategy) or _sums_in_place(strategy, items):
             for index, _, gradients in items:
                 totals[index] = sum_components(gradients)
             continue
@@ -207,8 +208,8 @@ def per_device(structure):
     """`structure` with each total `reduce` handed out (here: eagerly, or in
     the current graph) replaced by its Mirrored value (a copy on each
     device), anything else as it is."""
-    memo = _memo() if context.executing_eagerly() else getattr(
-        ops.get_default_graph(), _GRAPH_MEMO, None)
+    memo = (_copies if context.executing_eagerly()
+            else getattr(ops.get_default_graph(), _GRAPH_MEMO, None))
     if not memo:
         return structure
 
