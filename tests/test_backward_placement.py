@@ -8,6 +8,7 @@ raises the handle error.
 """
 
 import collections
+import re
 
 import numpy as np
 import pytest
@@ -392,3 +393,137 @@ def test_a_remembered_total_is_forgotten_with_the_tensor(strategy, configuration
         np.testing.assert_array_equal(traced().numpy(),
                                       [2.0 * REPLICAS, 4.0 * REPLICAS])
     assert len(component_totals._copies) == before
+
+
+@tf.custom_gradient
+def _doubled_square(x):
+    """x ** 2 whose gradient, its own backward function, is 2 * (2x)."""
+    def backward(upstream):
+        return upstream * 4.0 * x
+    return x * x, backward
+
+
+@tf.function
+def _nested_square(x):
+    return x * x
+
+
+def _recomputed_square(x):
+    return tf.recompute_grad(lambda y: y * y)(x)
+
+
+RECORDED_BACKWARDS = {
+    # name: (replica function of x and a variable, d loss / d variable per
+    # replica for x = replica + 1 and v = 2: the oracle)
+    "custom_gradient": (lambda x, v: tf.reduce_sum(_doubled_square(x * v)),
+                        lambda r: 6 * 4.0 * (r + 1) * (r + 1) * 2.0),
+    "nested_tf_function": (lambda x, v: tf.reduce_sum(_nested_square(x * v)),
+                           lambda r: 6 * 2.0 * (r + 1) * (r + 1) * 2.0),
+    "recompute_grad": (lambda x, v: tf.reduce_sum(_recomputed_square(x * v)),
+                       lambda r: 6 * 2.0 * (r + 1) * (r + 1) * 2.0),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(RECORDED_BACKWARDS))
+def test_recorded_backward_functions_run_on_their_replicas_device(
+        strategy, configuration, kind):
+    """Eagerly, operations recorded with a backward function of their own
+    (tf.custom_gradient, a tf.function called in the replica, tf.recompute_grad):
+    the gradient with respect to replica r's component comes from CPU:r,
+    with the tutorial step's value."""
+    replica_loss, expected = RECORDED_BACKWARDS[kind]
+    with strategy.scope():
+        v = tf.Variable(2.0)
+    inputs = replica_inputs(strategy)
+    with strategy.scope():
+        with tf.GradientTape() as tape:
+            loss = strategy.reduce("SUM", strategy.run(
+                replica_loss, args=(inputs, v)), axis=None)
+        gradients = tape.gradient(loss, list(v.values))
+    if configuration not in PATCHED_CONFIGURATIONS:
+        assert gradients == [None] * REPLICAS
+        return
+    assert [short(g.device) for g in gradients] == [short(c.device) for c in v.values]
+    assert [float(g) for g in gradients] == [expected(r) for r in range(REPLICAS)]
+
+
+@pytest.mark.parametrize("kind", sorted(RECORDED_BACKWARDS))
+def test_traced_recorded_backward_functions_carry_their_replicas_device(
+        strategy, configuration, kind):
+    """In a tf.function: the backward ops of operations recorded with their
+    own backward function carry their replica's device, as many on each
+    device as the tutorial step places there; the total is the oracle's."""
+    replica_loss, expected = RECORDED_BACKWARDS[kind]
+    with strategy.scope():
+        v = tf.Variable(2.0)
+    inputs = replica_inputs(strategy)
+
+    backward = {}  # style: (name, device) of each op its gradient added
+
+    def ops_added(style, gradient):
+        graph = tf.compat.v1.get_default_graph()
+        before = len(graph.get_operations())
+        result = gradient()
+        backward[style] = [(op.name, short(op.device))
+                           for op in graph.get_operations()[before:]]
+        return result
+
+    @tf.function
+    def spanning():
+        with tf.GradientTape() as tape:
+            loss = strategy.reduce("SUM", strategy.run(
+                replica_loss, args=(inputs, v)), axis=None)
+        return ops_added("spanning", lambda: tape.gradient(loss, v))
+
+    @tf.function
+    def tutorial():
+        added = []
+
+        def step(x):
+            with tf.GradientTape() as tape:
+                loss = replica_loss(x, v)
+            graph = tf.compat.v1.get_default_graph()
+            before = len(graph.get_operations())
+            gradient = tape.gradient(loss, v)
+            added.extend((op.name, short(op.device))
+                         for op in graph.get_operations()[before:])
+            return gradient
+        result = strategy.run(step, args=(inputs,))
+        backward["tutorial"] = added
+        return result
+
+    with strategy.scope():
+        if configuration not in PATCHED_CONFIGURATIONS:
+            with pytest.raises(ValueError, match="handle is not available"):
+                spanning()
+            return
+        total = spanning()
+        tutorial.get_concrete_function()
+    spanning_ops, tutorial_ops = backward["spanning"], backward["tutorial"]
+    assert float(total) == sum(expected(r) for r in range(REPLICAS))
+    # The tape's own fills (the first upstream gradient, zeros for outputs
+    # that get none) are made where tape.gradient runs, unplaced here as the
+    # cross-replica sum is; in the tutorial that is inside the replica.
+    spanning_ops = [(name, device) for name, device in spanning_ops
+                    if not _is_tape_fill(name)]
+    tutorial_ops = [(name, device) for name, device in tutorial_ops
+                    if not _is_tape_fill(name)]
+    placed = [(name, device) for name, device in spanning_ops if device]
+    # Ops a backward function makes are named as it names them (the
+    # recomputed forward of tf.recompute_grad: "mul_3" for replica 1), so only
+    # a name that says its replica is held to it.
+    assert all(device == f"device:CPU:{replica_of(name)}"
+               for name, device in placed if replica_of(name)), placed
+    unplaced = [name for name, device in spanning_ops if not device]
+    # Only the sum over the variable's components, in cross-replica context.
+    assert len(unplaced) == 1 and re.fullmatch(r"AddN(_\d+)?", unplaced[0]), unplaced
+    # As many on each device as the tutorial step puts there (on TensorFlow
+    # 2.12 replica 0 makes 3 more: shape constants the others reuse).
+    per_device = collections.Counter(d for _, d in placed)
+    assert per_device == collections.Counter(d for _, d in tutorial_ops)
+    assert set(per_device) == {f"device:CPU:{r}" for r in range(REPLICAS)}
+
+
+def _is_tape_fill(name):
+    """Whether an op is a fill the tape itself makes: ones, zeros, ones_1..."""
+    return re.fullmatch(r"(ones|zeros)(_\d+)?", name.rsplit("/", 1)[-1]) is not None

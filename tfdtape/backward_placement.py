@@ -18,7 +18,14 @@ differentiated (its outputs' device, else its inputs'; in a graph, the
 operation's own device), and of the gradients summed, while a tape that
 recorded the replicas of a `strategy.run` computes its gradient
 (`placing()`), as `colocate_gradients_with_ops` did for `tf.gradients`.
-Other tapes' gradients run as in TensorFlow.
+
+Operations recorded with a backward function of their own
+(`record.record_operation`: `tf.custom_gradient`, a `tf.function` called
+inside the replica function, `tf.recompute_grad`) are recorded while the
+replica runs (`recording_replica()`); tfdtape's `record_operation` notes the
+device of such an operation's outputs (else inputs) then, and its backward
+function runs under that device inside `placing()`. Other tapes' gradients,
+and operations recorded outside a replica, run as in TensorFlow.
 """
 
 import contextlib
@@ -43,6 +50,51 @@ def placing():
         yield
     finally:
         _state.depth -= 1
+
+
+@contextlib.contextmanager
+def recording_replica():
+    """Inside the block, this thread runs a replica function whose operations
+    a tape around `strategy.run` records: operations recorded with their own
+    backward function note their device."""
+    _state.replicas = getattr(_state, "replicas", 0) + 1
+    try:
+        yield
+    finally:
+        _state.replicas -= 1
+
+
+def make_record_operation(original):
+    """Returns a `record.record_operation` (or `record_operation_backprop_only`,
+    same leading parameters) that, inside `recording_replica()`, records a
+    backward function running on the recorded operation's device inside
+    `placing()`."""
+
+    def record_operation(op_type, output_tensors, input_tensors,
+                         backward_function, *rest, **options):
+        if getattr(_state, "replicas", 0):
+            backward_function = _placed(
+                backward_function, _forward_device(output_tensors, input_tensors))
+        return original(op_type, output_tensors, input_tensors,
+                        backward_function, *rest, **options)
+
+    record_operation.__doc__ = original.__doc__
+    return record_operation
+
+
+def _placed(backward_function, device):
+    """`backward_function`, run under `device` inside `placing()` (as is
+    where the device is unknown)."""
+    if not device:
+        return backward_function
+
+    def placed_backward(*gradients, **options):
+        if not getattr(_state, "depth", 0):
+            return backward_function(*gradients, **options)
+        with ops.device(device):
+            return backward_function(*gradients, **options)
+
+    return placed_backward
 
 
 def make_gradient_function(original):

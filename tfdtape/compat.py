@@ -9,6 +9,10 @@
   import) from 2.13, and written inline in the tape functions in 2.12.
 - `Assert` is in `ops/control_flow_assert.py` from 2.13, in
   `ops/control_flow_ops.py` in 2.12.
+- `record_operation` (and `record_operation_backprop_only`), which records an
+  operation with a backward function of its own, is in `eager/record.py`
+  from 2.13, in `eager/tape.py` in 2.12; callers look it up there at call
+  time.
 """
 
 from tensorflow.python.distribute import distribute_lib
@@ -28,3 +32,9 @@ except ImportError:  # TensorFlow 2.12
     from tensorflow.python.ops.control_flow_ops import Assert as graph_assert  # noqa: F401 (the export)
 """`tf.debugging.Assert`: an op that raises InvalidArgumentError with its data
 when its condition is false."""
+
+try:
+    from tensorflow.python.eager import record as recording_module
+except ImportError:  # TensorFlow 2.12
+    recording_module = tape_module
+"""The module whose `record_operation` TensorFlow's callers call."""

@@ -35,6 +35,7 @@ from tensorflow.python.framework import ops
 from tensorflow.python.ops import control_flow_v2_func_graphs
 from tensorflow.python.util import traceback_utils
 
+from tfdtape import backward_placement
 from tfdtape import errors
 from tfdtape import resolution
 
@@ -185,7 +186,8 @@ def _recorded_by(tapes, distribution, fn):
                 pushed.append(tape)
                 for variable in watched:  # its handle here: this replica's
                     pywrap_tfe.TFE_Py_TapeWatchVariable(tape._tape, variable)
-            return fn(*args, **kwargs)
+            with backward_placement.recording_replica():
+                return fn(*args, **kwargs)
         finally:
             for tape in reversed(pushed):
                 tape_module.pop_tape(tape)

@@ -285,6 +285,14 @@ def patch_targets():
                      "out_grads", "skip_input_indices", "forward_pass_name_scope"),
                     backward_placement.make_gradient_function,
                     registers=pywrap_tfe.TFE_Py_RegisterGradientFunction),
+        PatchTarget(compat.recording_module, "record_operation",
+                    ("op_type", "output_tensors", "input_tensors",
+                     "backward_function", "forward_function"),
+                    backward_placement.make_record_operation),
+        PatchTarget(compat.recording_module, "record_operation_backprop_only",
+                    ("op_type", "output_tensors", "input_tensors",
+                     "backward_function"),
+                    backward_placement.make_record_operation),
     ]
     table += [PatchTarget(cls, defun.RESOLVER_METHOD, ("self",),
                           defun.make_resolver_replacement)
