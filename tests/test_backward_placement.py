@@ -169,12 +169,12 @@ def test_traced_backward_ops_carry_their_replicas_device(strategy, configuration
 @pytest.mark.parametrize("reduction", ["default", "hierarchical_copy"])
 def test_the_total_is_reduced_by_the_strategy_and_applied_per_device(
         strategy, configuration, reduction, monkeypatch):
-    """In a tf.function, with the default all-reduce (for a model past
-    IN_PLACE_TRANSFERS, here set to 0) or one the program chose
+    """In a tf.function, with the default all-reduce (as on GPUs: here
+    told that summing in place does not pay) or one the program chose
     (HierarchicalCopyAllReduce), the total comes from the strategy's
     batch_reduce_to: a copy on each device, handed to each device's update
     in cross-replica context."""
-    monkeypatch.setattr(component_totals, "IN_PLACE_TRANSFERS", 0)
+    monkeypatch.setattr(component_totals, "_sums_in_place", lambda *_: False)
     strategy = strategy_reducing_by(reduction, strategy)
     if reduces_on_first_device_by_default(strategy):
         pytest.skip("this TensorFlow's MirroredStrategy reduces on its first "
@@ -222,13 +222,14 @@ def test_the_total_is_reduced_by_the_strategy_and_applied_per_device(
 
 
 @pytest.mark.parametrize("configuration", PATCHED_CONFIGURATIONS, indirect=True)
-@pytest.mark.parametrize("limit", [0, component_totals.IN_PLACE_TRANSFERS])
-def test_a_small_model_in_a_graph_on_cpus_is_summed_in_place(
-        strategy, configuration, limit, monkeypatch):
-    """The default all-reduce on this host's CPUs: up to IN_PLACE_TRANSFERS
-    variables x other devices the totals are summed in place (no collective),
-    past it all-reduced; the weights are the same either way."""
-    monkeypatch.setattr(component_totals, "IN_PLACE_TRANSFERS", limit)
+@pytest.mark.parametrize("in_place", [True, False])
+def test_on_cpus_the_default_all_reduce_is_replaced_by_a_sum_in_place(
+        strategy, configuration, in_place, monkeypatch):
+    """With the default all-reduce on this host's CPUs, the totals are summed
+    in place (no collective); told otherwise (as on GPUs), all-reduced; the
+    total is the same either way."""
+    if not in_place:
+        monkeypatch.setattr(component_totals, "_sums_in_place", lambda *_: False)
     if reduces_on_first_device_by_default(strategy):
         pytest.skip("this TensorFlow's MirroredStrategy reduces on its first "
                     "device by default: summed in place at any size")
@@ -246,7 +247,7 @@ def test_a_small_model_in_a_graph_on_cpus_is_summed_in_place(
         total = gradient()
         types = {op.type for op in gradient.get_concrete_function().graph.get_operations()}
     np.testing.assert_array_equal(total.numpy(), [2.0 * REPLICAS, 4.0 * REPLICAS])
-    assert ("CollectiveReduceV2" in types) == (limit < REPLICAS - 1)
+    assert ("CollectiveReduceV2" in types) == (not in_place)
 
 
 def _gradient_inputs(update):

@@ -157,10 +157,10 @@ def _forward_device(outputs, inputs, out_grads=()):
     """
     devices = []
     for tensors in (outputs, inputs):
-        devices = [device for device in map(_device_of, tensors or ()) if device]
+        devices = [device for device in map(device_of, tensors or ()) if device]
         if devices:
             break
-    upstream = [device for device in map(_device_of, out_grads or ()) if device]
+    upstream = [device for device in map(device_of, out_grads or ()) if device]
     if not devices:
         return upstream[0] if upstream else None
     if len(set(devices)) == 1:
@@ -168,7 +168,7 @@ def _forward_device(outputs, inputs, out_grads=()):
     return upstream[0] if upstream and upstream[0] in devices else devices[0]
 
 
-def _device_of(tensor):
+def device_of(tensor):
     """An eager tensor's device, a graph tensor's operation's; None for None
     and where unplaced."""
     if isinstance(tensor, indexed_slices.IndexedSlices):

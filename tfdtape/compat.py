@@ -13,6 +13,8 @@
   operation with a backward function of its own, is in `eager/record.py`
   from 2.13, in `eager/tape.py` in 2.12; callers look it up there at call
   time.
+- `Tensor` is in `framework/tensor.py` where that module exists, in
+  `framework/ops.py` before (2.12).
 """
 
 from tensorflow.python.distribute import distribute_lib
@@ -38,3 +40,12 @@ try:
 except ImportError:  # TensorFlow 2.12
     recording_module = tape_module
 """The module whose `record_operation` TensorFlow's callers call."""
+
+stop_recording = recording_module.stop_recording
+"""Context manager: no tape of this thread records inside it."""
+
+try:
+    from tensorflow.python.framework.tensor import Tensor
+except ImportError:  # TensorFlow 2.12
+    from tensorflow.python.framework.ops import Tensor  # noqa: F401 (the export)
+"""`tf.Tensor`, graph and eager."""

@@ -81,16 +81,6 @@ def reducible(variable, gradients):
                 for g in gradients))
 
 
-IN_PLACE_TRANSFERS = 200
-"""On this host's CPUs in a graph: the most variables x (devices - 1) whose
-totals are summed in place rather than all-reduced. Summing in place costs
-two cross-device transfers per variable and other device; the all-reduce
-packs every gradient into a few collectives per device. Measured with
-benchmarks/spanning_step.py (2 cores, virtual CPUs): in place was the faster
-up to 126 (18 variables, 8 devices: 0.77x the tutorial step against 1.02x),
-the all-reduce from 258 (258 variables, 2 devices: 1.03x against 0.85x)."""
-
-
 def _sums_in_place(strategy, items):
     """Whether summing the totals of `items` ((index, variable, gradients)
     each) here, and copying them to each device at the apply, costs no more
@@ -100,9 +90,12 @@ def _sums_in_place(strategy, items):
       copy out (`ReductionToOneDevice`, MirroredStrategy's default for CPUs
       on TensorFlow 2.12): the same transfers.
     - Where every device is a CPU of this host and the strategy all-reduces
-      with the collectives it picked by default (host memory has no links to
-      spread traffic over): eagerly, where collectives launch through a
-      thread pool on every call; in a graph, up to IN_PLACE_TRANSFERS.
+      with the collectives it picked by default: host memory has no links
+      to spread traffic over, and collectives cost a launch per tensor
+      (eagerly through a thread pool). Measured with
+      benchmarks/spanning_step.py on 2 cores: in place 0.78-0.94x the
+      tutorial step at 258 variables on 2, 4 and 8 devices in a
+      `tf.function`, all-reduced 0.99-1.02x (docs/benchmarks.md).
 
     A reduction the program chose, and every GPU, stays the strategy's.
     """
@@ -115,12 +108,9 @@ def _sums_in_place(strategy, items):
         return False
     if type(chosen) is cross_device_ops.ReductionToOneDevice:
         return chosen.reduce_to_device is None and chosen.accumulation_fn is math_ops.add_n
-    if not default or not all(
-            device_spec.DeviceSpecV2.from_string(device).device_type == "CPU"
-            for device in extended.worker_devices):
-        return False
-    return (context.executing_eagerly() or
-            len(items) * (len(gradients) - 1) <= IN_PLACE_TRANSFERS)
+    return default and all(
+        device_spec.DeviceSpecV2.from_string(device).device_type == "CPU"
+        for device in extended.worker_devices)
 
 
 _PFOR_BODY_SCOPE = "loop_body"

@@ -27,6 +27,7 @@ counted (`spanned_runs`) for the run report, and so that an error of its
 backward pass can say where the tape belongs (`BACKWARD_NOTE`).
 """
 
+import contextlib
 import threading
 
 from tensorflow.python import pywrap_tfe
@@ -46,11 +47,13 @@ since it was (re)started."""
 BACKWARD_NOTE = (
     "tfdtape: this tape recorded the replicas of a strategy.run, and their "
     "backward pass runs here, outside the replicas. Operations that "
-    "communicate across replicas inside the replica function (such as "
-    "ReplicaContext.all_reduce or merge_call, and synchronized "
-    "BatchNormalization) cannot be differentiated from here: open the tape "
-    "inside the function you pass to strategy.run, and all-reduce the "
-    "gradients there (as the optimizer does).")
+    "communicate across replicas inside the replica function "
+    "(ReplicaContext.all_gather, the collectives of a merge_call of your "
+    "own; ReplicaContext.all_reduce and synchronized BatchNormalization "
+    "while a tape is also open inside the replica function) cannot be "
+    "differentiated from here: open the tape inside the function you pass "
+    "to strategy.run, and all-reduce the gradients there (as the optimizer "
+    "does).")
 """Added to an error raised by such a tape's gradient that
 `is_cross_replica_backward_error` recognises."""
 
@@ -74,7 +77,18 @@ def is_cross_replica_backward_error(error):
 # Kept across importlib.reload: the tapes already recording stay known.
 _recording = globals().get("_recording") or threading.local()
 """Per thread, `.tapes`: (GradientTape, the graph it was pushed in) for the
-tapes recording there now (pushed outside replica context)."""
+tapes recording there now (pushed outside replica context); `.run`: the
+`_SpannedRun` whose replica function this thread runs; `.merging`: the
+`_SpannedRun` this thread called (and runs the merge_call functions of)."""
+
+
+class _SpannedRun:
+    """A `strategy.run` whose replicas tapes around it record, shared by the
+    thread that called it and its replica threads."""
+
+    def __init__(self):
+        self.inner_tapes = []
+        """The tapes opened inside its replicas that record now."""
 
 
 def _tapes_here():
@@ -88,7 +102,9 @@ def tape_pushed(tape, is_new):
     """Notes that `tape` (a GradientTape) records in this thread from now on.
 
     A tape pushed in the replica context of a strategy (inside
-    `strategy.run`) is not noted: its own thread is the replica's.
+    `strategy.run`) is not noted among this thread's: its own thread is the
+    replica's; inside the replicas of a run that tapes around it record, it
+    is noted on the run.
 
     Args:
         tape: the GradientTape.
@@ -100,6 +116,9 @@ def tape_pushed(tape, is_new):
     graph = ops.get_default_graph()
     stack = graph._distribution_strategy_stack
     if stack and stack[-1].replica_context is not None:
+        run = getattr(_recording, "run", None)
+        if run is not None:
+            run.inner_tapes.append(tape)
         return
     _tapes_here().append((tape, graph))
 
@@ -111,6 +130,46 @@ def tape_popped(tape):
         if recording is tape:
             del tapes[index]
             return
+    run = getattr(_recording, "run", None)
+    inner = run.inner_tapes if run is not None else []
+    for index, recording in enumerate(inner):
+        if recording is tape:
+            del inner[index]
+            return
+
+
+def only_spanning_tapes_record_here():
+    """Whether this thread runs the replica function of a `strategy.run`
+    that tapes around it record, and no tape opened inside its replicas
+    records too."""
+    run = getattr(_recording, "run", None)
+    return run is not None and not run.inner_tapes
+
+
+def merging_for_spanned_replicas():
+    """Whether this thread runs a `merge_call` function for the replicas of
+    a `strategy.run` that tapes around it record (and no tape opened inside
+    its replicas records too): its cross-device transfers are then recorded
+    here, on those tapes (`tfdtape.recorded_transfers`)."""
+    run = getattr(_recording, "merging", None)
+    return run is not None and not run.inner_tapes
+
+
+def merging_for_a_run():
+    """Whether this thread runs a `merge_call` function for the replicas of
+    a `strategy.run` that tapes around it record."""
+    return getattr(_recording, "merging", None) is not None
+
+
+@contextlib.contextmanager
+def _noted(attribute, run):
+    """Inside the block, this thread's `attribute` is `run`."""
+    previous = getattr(_recording, attribute, None)
+    setattr(_recording, attribute, run)
+    try:
+        yield
+    finally:
+        setattr(_recording, attribute, previous)
 
 
 def spanned_runs(tape):
@@ -154,15 +213,17 @@ def make_call_for_each_replica(original):
             return original(distribution, fn, args, kwargs)
         for tape in tapes:
             tape.__dict__[_SPANNED_RUNS] = spanned_runs(tape) + 1
-        return original(distribution, _recorded_by(tapes, distribution, fn),
-                        args, kwargs)
+        run = _SpannedRun()
+        with _noted("merging", run):
+            return original(distribution, _recorded_by(tapes, distribution, fn, run),
+                            args, kwargs)
 
     _call_for_each_replica.__doc__ = original.__doc__
     # An error of a replica function reaches the user without this frame.
     return traceback_utils.filter_traceback(_call_for_each_replica)
 
 
-def _recorded_by(tapes, distribution, fn):
+def _recorded_by(tapes, distribution, fn, run):
     """`fn`, recording on `tapes` (GradientTapes) in the thread that calls it,
     for exactly the duration of the call; nothing is left pushed if it
     raises.
@@ -171,7 +232,8 @@ def _recorded_by(tapes, distribution, fn):
     explicit `tape.watch(v)` outside the replicas watches `v` through the
     first component's handle only) are watched in each replica too, through
     that replica's component, so that a tape that does not watch what it
-    reads still records every replica's share.
+    reads still records every replica's share. The replica threads note
+    `run` (a `_SpannedRun`).
     """
     recorded = [(tape._tape, [
         variable for variable in resolution.watched_by(tape)
@@ -186,7 +248,7 @@ def _recorded_by(tapes, distribution, fn):
                 pushed.append(tape)
                 for variable in watched:  # its handle here: this replica's
                     pywrap_tfe.TFE_Py_TapeWatchVariable(tape._tape, variable)
-            with backward_placement.recording_replica():
+            with _noted("run", run), backward_placement.recording_replica():
                 return fn(*args, **kwargs)
         finally:
             for tape in reversed(pushed):

@@ -22,6 +22,7 @@ import types
 from collections.abc import Callable
 
 from tensorflow.python import pywrap_tfe
+from tensorflow.python.distribute import distribute_lib
 from tensorflow.python.distribute import merge_call_interim
 from tensorflow.python.distribute import mirrored_run
 from tensorflow.python.distribute import values_util
@@ -35,6 +36,8 @@ from tfdtape import defun
 from tfdtape import errors
 from tfdtape import gradient_tape
 from tfdtape import merge_calls
+from tfdtape import recorded_transfers
+from tfdtape import replica_collectives
 from tfdtape import replica_recording
 from tfdtape import tape_functions
 
@@ -293,6 +296,21 @@ def patch_targets():
                     ("op_type", "output_tensors", "input_tensors",
                      "backward_function"),
                     backward_placement.make_record_operation),
+        PatchTarget(distribute_lib.ReplicaContextBase, "all_reduce",
+                    ("self", "reduce_op", "value", "options"),
+                    replica_collectives.make_all_reduce),
+        PatchTarget(distribute_lib.ReplicaContext, "all_gather",
+                    ("self", "value", "axis", "options"),
+                    replica_collectives.make_all_gather),
+        PatchTarget(distribute_lib.StrategyExtendedV2, "reduce_to",
+                    ("self", "reduce_op", "value", "destinations", "options"),
+                    recorded_transfers.make_reduce_to),
+        PatchTarget(distribute_lib.StrategyExtendedV2, "batch_reduce_to",
+                    ("self", "reduce_op", "value_destination_pairs", "options"),
+                    recorded_transfers.make_batch_reduce_to),
+        PatchTarget(distribute_lib.StrategyExtendedV2, "_gather_to",
+                    ("self", "value", "destinations", "axis", "options"),
+                    recorded_transfers.make_gather_to),
     ]
     table += [PatchTarget(cls, defun.RESOLVER_METHOD, ("self",),
                           defun.make_resolver_replacement)

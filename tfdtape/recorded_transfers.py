@@ -1,0 +1,166 @@
+"""Cross-device reductions and gathers in cross-replica context, recorded on
+the tapes of the calling thread with their transposes.
+
+A tape around `strategy.run` computes every replica's backward pass in one
+thread, outside replica context. What communicates across replicas there
+must be recorded in that thread, with a backward function that needs no
+replica context. Two places qualify:
+
+- a `merge_call` function (what `ReplicaContext.all_reduce` and
+  `all_gather` run, or the program's own) for the replicas of a run that
+  only tapes around it record (`replica_recording.merging_for_spanned_replicas`);
+  eagerly, the collectives of `reduce_to` and `batch_reduce_to` launch from
+  a thread pool no tape records (the gradient is silently None), and in a
+  graph `CollectiveReduceV2` has no gradient;
+- `strategy.gather` (`_gather_to`) of per-replica values under any
+  recording tape in cross-replica context, outside a run's merge_call
+  (stock: `LookupError`, eagerly already in the forward pass).
+
+There the transfer runs as TensorFlow's, without recording, and each of its
+results is recorded as one operation whose inputs are every replica's
+value: for a reduction (SUM; MEAN divides by the number of replicas) each
+input gets the result's cotangent on its own device, for a gather its slice
+of it (split on the cotangent's device, each slice then moved to its
+input's device). The tape sums what an input gets from the results: the
+transpose of an all-reduce or all-gather, exactly.
+
+Only `PerReplica` values of dense tensors held by this process's replicas
+are recorded so; `IndexedSlices`, variables, mirrored values and the other
+workers' replicas (MultiWorkerMirroredStrategy) take TensorFlow's path.
+"""
+
+from tensorflow.python.distribute import reduce_util
+from tensorflow.python.distribute import values
+from tensorflow.python.framework import ops
+from tensorflow.python.ops import array_ops
+from tensorflow.python.ops import math_ops
+
+from tfdtape import backward_placement
+from tfdtape import compat
+from tfdtape import replica_recording
+
+REDUCTION = "tfdtape_cross_replica_reduction"
+GATHER = "tfdtape_cross_replica_gather"
+"""The names the recorded transfers carry on the tape."""
+
+
+def make_reduce_to(original):
+    """Returns a `StrategyExtended.reduce_to` that records the reduction
+    where described above."""
+
+    def reduce_to(self, reduce_op, value, destinations, options=None):
+        if not (replica_recording.merging_for_spanned_replicas() and
+                _recordable(self, value)):
+            return original(self, reduce_op, value, destinations, options)
+        with compat.stop_recording():
+            reduced = original(self, reduce_op, value, destinations, options)
+        _record_reduction(self, reduce_op, value, reduced)
+        return reduced
+
+    reduce_to.__doc__ = original.__doc__
+    return reduce_to
+
+
+def make_batch_reduce_to(original):
+    """Returns a `StrategyExtended.batch_reduce_to` that records each
+    reduction where described above."""
+
+    def batch_reduce_to(self, reduce_op, value_destination_pairs, options=None):
+        pairs = list(value_destination_pairs)
+        if not (replica_recording.merging_for_spanned_replicas() and
+                any(_recordable(self, value) for value, _ in pairs)):
+            return original(self, reduce_op, pairs, options)
+        with compat.stop_recording():
+            reduced = original(self, reduce_op, pairs, options)
+        for (value, _), result in zip(pairs, reduced):
+            if _recordable(self, value):
+                _record_reduction(self, reduce_op, value, result)
+        return reduced
+
+    batch_reduce_to.__doc__ = original.__doc__
+    return batch_reduce_to
+
+
+def make_gather_to(original):
+    """Returns a `StrategyExtended._gather_to` (what `strategy.gather` and
+    `all_gather` call) that records the gather where described above."""
+
+    def _gather_to(self, value, destinations, axis, options=None):
+        if not (_gathers_record_here() and _recordable(self, value)):
+            return original(self, value, destinations, axis, options)
+        with compat.stop_recording():
+            gathered = original(self, value, destinations, axis, options)
+        components = self._local_results(value)
+        for result in self._local_results(gathered):
+            compat.recording_module.record_operation(
+                GATHER, [result], list(components), _slices(components, axis))
+        return gathered
+
+    _gather_to.__doc__ = original.__doc__
+    return _gather_to
+
+
+def _gathers_record_here():
+    if replica_recording.merging_for_spanned_replicas():
+        return True
+    return (not replica_recording.merging_for_a_run() and
+            compat.recording_module.could_possibly_record())
+
+
+def _recordable(extended, value):
+    """Whether `value` is per-replica dense tensors, one per replica of the
+    strategy, all of them in this process."""
+    if type(value) is not values.PerReplica:
+        return False
+    components = value.values
+    return (len(components) == extended._container_strategy().num_replicas_in_sync and
+            all(isinstance(c, compat.Tensor) for c in components))
+
+
+def _record_reduction(extended, reduce_op, value, reduced):
+    if isinstance(reduce_op, str):
+        reduce_op = reduce_util.ReduceOp(reduce_op.upper())
+    components = extended._local_results(value)
+    scale = 1.0 / len(components) if reduce_op == reduce_util.ReduceOp.MEAN else None
+    for result in extended._local_results(reduced):
+        compat.recording_module.record_operation(
+            REDUCTION, [result], list(components), _broadcast(components, scale))
+
+
+def _broadcast(components, scale):
+    """The backward function of one reduced result: its cotangent on each
+    component's device, times `scale` (None: 1)."""
+
+    def backward(cotangent):
+        if cotangent is None:
+            return [None] * len(components)
+        gradients = []
+        for component in components:
+            with ops.device(component.device):
+                gradient = array_ops.identity(cotangent)
+                if scale is not None:
+                    gradient = math_ops.multiply(gradient,
+                                                 math_ops.cast(scale, gradient.dtype))
+            gradients.append(gradient)
+        return gradients
+
+    return backward
+
+
+def _slices(components, axis):
+    """The backward function of one gathered result: each component's slice
+    of its cotangent along `axis`, on the component's device."""
+
+    def backward(cotangent):
+        if cotangent is None:
+            return [None] * len(components)
+        with ops.device(backward_placement.device_of(cotangent) or ""):
+            sizes = [array_ops.shape(c)[axis] for c in components]
+            pieces = array_ops.split(cotangent, sizes, axis=axis)
+        gradients = []
+        for piece, component in zip(pieces, components):
+            with ops.device(component.device):
+                gradients.append(array_ops.identity(piece))
+        return gradients
+
+    return backward

@@ -1,0 +1,92 @@
+"""All-reduces and all-gathers inside the replicas of a `strategy.run` that
+a tape around it records: differentiated over every replica at once.
+
+`ReplicaContext.all_reduce` (what synchronized BatchNormalization and
+losses over every replica's values call) and `ReplicaContext.all_gather`
+wrap their cross-device transfer in a `tf.custom_gradient` whose backward
+pass is another collective, issued by every replica: right for a tape
+inside the replica function, but a tape around the run computes every
+replica's backward pass in one thread, outside replica context, where no
+replica can issue it (and eagerly the transfer itself, recorded in the
+calling thread, has no gradient: `LookupError`).
+
+While only tapes around the run record in its replicas, tfdtape's versions
+make the transfer through `merge_call`, as TensorFlow does, without the
+custom gradient: the merge_call function runs in the calling thread, where
+`tfdtape.recorded_transfers` records it with its transpose. Everywhere else
+(a tape opened inside the replica function, `IndexedSlices`, strategies
+that transfer without `merge_call`, the replicas of other workers)
+TensorFlow's function runs unchanged.
+
+On N devices the backward pass of an all-reduce copies each result's
+cotangent from each replica's device to every other: N(N-1) transfers of
+the reduced value's size, against 2(N-1) shares of it for a ring
+all-reduce in the tutorial step; that of an all-gather moves each replica's
+slice of each result's cotangent to its device, N(N-1) slices of the
+input's size. What synchronized BatchNormalization reduces (a sum, a sum of
+squares and a count per channel) is small.
+"""
+
+from tensorflow.python.distribute import collective_util
+from tensorflow.python.framework import indexed_slices
+from tensorflow.python.framework import ops
+from tensorflow.python.util import nest
+
+from tfdtape import replica_recording
+
+
+def make_all_reduce(original):
+    """Returns a `ReplicaContext.all_reduce` that, in the replicas of a run
+    only tapes around it record, reduces through `merge_call` without
+    TensorFlow's custom gradient."""
+
+    def all_reduce(self, reduce_op, value, options=None):
+        if not _transfers_in_the_calling_thread(self, value):
+            return original(self, reduce_op, value, options)
+        options = options or collective_util.Options()
+
+        def batch_all_reduce(strategy, *per_replica):
+            return strategy.extended.batch_reduce_to(
+                reduce_op, [(v, v) for v in per_replica], options)
+
+        return _merged(self, batch_all_reduce, value)
+
+    all_reduce.__doc__ = original.__doc__
+    return all_reduce
+
+
+def make_all_gather(original):
+    """Returns a `ReplicaContext.all_gather` that, in the replicas of a run
+    only tapes around it record, gathers through `merge_call` without
+    TensorFlow's custom gradient."""
+
+    def all_gather(self, value, axis, options=None):
+        if not _transfers_in_the_calling_thread(self, value):
+            return original(self, value, axis, options)
+        options = options or collective_util.Options()
+
+        def batch_all_gather(strategy, *per_replica):
+            return strategy.extended._batch_gather_to(
+                [(v, v) for v in per_replica], axis, options)
+
+        return _merged(self, batch_all_gather, value)
+
+    all_gather.__doc__ = original.__doc__
+    return all_gather
+
+
+def _transfers_in_the_calling_thread(replica_context, value):
+    strategy = replica_context._strategy
+    return (replica_recording.only_spanning_tapes_record_here() and
+            strategy.extended._use_merge_call() and
+            len(strategy.extended.worker_devices) == strategy.num_replicas_in_sync and
+            not any(isinstance(v, indexed_slices.IndexedSlices)
+                    for v in nest.flatten(value)))
+
+
+def _merged(replica_context, merge_fn, value):
+    """`merge_fn` over the flattened `value` of every replica, through
+    `merge_call`; its results packed as `value`."""
+    flat = [ops.convert_to_tensor(v) for v in nest.flatten(value)]
+    results = replica_context.merge_call(merge_fn, args=tuple(flat))
+    return nest.pack_sequence_as(value, list(results))
