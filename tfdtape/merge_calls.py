@@ -66,7 +66,7 @@ def make_maybe_merge_call(original):
                 merge_call_interim.strategy_supports_no_merge_call()):
             return original(fn, strategy, *args, **kwargs)
         check_single_worker(current, _SYMBOL, "cannot apply gradients")
-        _check_no_per_replica_values(args, kwargs)
+        check_no_per_replica_values(args, kwargs)
         args, kwargs = component_totals.per_device((args, kwargs))
         return fn(current, *args, **kwargs)
 
@@ -74,7 +74,7 @@ def make_maybe_merge_call(original):
     return maybe_merge_call
 
 
-def _check_no_per_replica_values(args, kwargs):
+def check_no_per_replica_values(args, kwargs, symbol=_SYMBOL):
     """Raises ValueError if the arguments hold PerReplica values: applied in
     cross-replica context, each replica's copy would get its own value, and
     the replicas would drift apart (in replica context `merge_call` would
@@ -83,7 +83,7 @@ def _check_no_per_replica_values(args, kwargs):
              if isinstance(value, values.PerReplica)]
     if found:
         raise tracing.refused(ValueError(errors.message(
-            "cannot apply per-replica values in cross-replica context", _SYMBOL,
+            "cannot apply per-replica values in cross-replica context", symbol,
             "values the same for every replica, such as the gradient of a tape "
             "around strategy.run, or values reduced with strategy.reduce",
             f"{len(found)} PerReplica value{'' if len(found) == 1 else 's'} "

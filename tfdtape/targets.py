@@ -35,6 +35,7 @@ from tfdtape import compat
 from tfdtape import defun
 from tfdtape import errors
 from tfdtape import gradient_tape
+from tfdtape import loss_scaling
 from tfdtape import merge_calls
 from tfdtape import recorded_transfers
 from tfdtape import replica_collectives
@@ -316,7 +317,18 @@ def patch_targets():
                           defun.make_resolver_replacement)
               for cls in defun.classes_with_captured_input_resolution()]
     table += _maybe_merge_call_targets()
+    table += _keras_targets()
     return table
+
+
+def _keras_targets():
+    """Keras 3's LossScaleOptimizer, once Keras is loaded (optional: a Keras
+    without it, or whose class changed, keeps its own refusal)."""
+    keras_class = loss_scaling.keras_class()
+    if keras_class is None:
+        return []
+    return [PatchTarget(keras_class, loss_scaling.ATTRIBUTE, loss_scaling.PARAMETERS,
+                        loss_scaling.make_tf_apply, required=False)]
 
 
 def _maybe_merge_call_targets():

@@ -1,0 +1,70 @@
+"""Keras 3's `LossScaleOptimizer` (mixed precision) applying in
+cross-replica context.
+
+Its TensorFlow path (`_tf_apply`) refuses cross-replica context (`apply()
+must be called in a replica context`): in replica context it checks the
+all-reduced gradients for finiteness in each replica and applies through
+the inner optimizer there, once per replica. Following that advice with the
+total of a tape around `strategy.run` applies it once per replica, N times.
+
+The gradient of a tape around the run is already the total, the same for
+every replica, so in cross-replica context tfdtape's `_tf_apply` runs what
+Keras runs without a distribution strategy (`_common_apply`): one finite
+check on the total, then either the unscaled total applied once through the
+inner optimizer (whose own cross-replica apply goes through tfdtape's
+`maybe_merge_call`) and the step counter advanced, or the step skipped and
+the scale halved; the scale variables are mirrored and updated once. It
+refuses what `maybe_merge_call` refuses there (per-replica values, several
+workers) before touching any variable. Everywhere else Keras's function
+runs unchanged.
+
+Keras is never imported here: the class is looked up in `sys.modules`
+through what Keras exports (`keras.optimizers.LossScaleOptimizer`) when
+tfdtape installs. TensorFlow 2.16 and later import Keras's optimizers when
+TensorFlow is imported (`tensorflow/__init__.py`), so the class is there
+then; with `TF_USE_LEGACY_KERAS=1` (tf_keras instead) a Keras 3 imported
+later keeps its own refusal.
+"""
+
+import inspect
+import sys
+
+from tfdtape import compat
+from tfdtape import merge_calls
+
+ATTRIBUTE = "_tf_apply"
+PARAMETERS = ("self", "grads", "trainable_variables")
+_SYMBOL = "keras.optimizers.LossScaleOptimizer.apply"
+
+
+def keras_class():
+    """Keras 3's exported `LossScaleOptimizer` class, if Keras is loaded and
+    the class defines `_tf_apply(self, grads, trainable_variables)` itself;
+    else None (Keras 2, or a Keras whose class changed: its own refusal
+    stays)."""
+    keras_module = sys.modules.get("keras")
+    optimizers = None if keras_module is None else vars(keras_module).get("optimizers")
+    found = None if optimizers is None else vars(optimizers).get("LossScaleOptimizer")
+    method = vars(found).get(ATTRIBUTE) if isinstance(found, type) else None
+    if method is not None and tuple(inspect.signature(method).parameters) == PARAMETERS:
+        return found
+    return None
+
+
+def make_tf_apply(original):
+    """Returns a `LossScaleOptimizer._tf_apply` that, under a strategy in
+    cross-replica context, applies the gradients once as described above."""
+
+    def _tf_apply(self, grads, trainable_variables=None):
+        strategy, replica_context = (
+            compat.strategy_context.get_strategy_and_replica_context())
+        if (replica_context is not None or
+                not compat.strategy_context.has_strategy() or
+                not hasattr(self, "_common_apply")):
+            return original(self, grads, trainable_variables)
+        merge_calls.check_single_worker(strategy, _SYMBOL, "cannot apply gradients")
+        merge_calls.check_no_per_replica_values((grads,), {}, _SYMBOL)
+        self._common_apply(grads, trainable_variables=trainable_variables)
+
+    _tf_apply.__doc__ = original.__doc__
+    return _tf_apply
