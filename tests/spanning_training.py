@@ -67,10 +67,13 @@ def replicas_of(variable):
     return [inner.numpy()]
 
 
-def _apply_options(keras):
+def _apply_options(keras, skip_aggregation):
     """Keras 2 optimizers all-reduce gradients in apply_gradients through
-    merge_call; a total derivative is aggregated already."""
-    return {} if is_keras3(keras) else {"skip_gradients_aggregation": True}
+    merge_call; a total derivative is aggregated already, which the program
+    may say (`skip_aggregation`) or leave to tfdtape."""
+    if is_keras3(keras) or not skip_aggregation:
+        return {}
+    return {"skip_gradients_aggregation": True}
 
 
 def _squared_error_share(model, features, labels):
@@ -81,9 +84,11 @@ def _squared_error_share(model, features, labels):
 
 
 def train(keras, strategy, style, optimizer_name="sgd", traced=False,
-          scope=True):
+          scope=True, skip_aggregation=True):
     """Trains STEPS steps; returns ([every replica's copy of each weight],
-    the optimizer's iterations; None for spanning_assign_sub)."""
+    the optimizer's iterations; None for spanning_assign_sub). A Keras 2
+    optimizer applying in cross-replica context is passed
+    `skip_gradients_aggregation=True` if `skip_aggregation`."""
     model, optimizer = build(keras, strategy, optimizer_name)
     variables = model.trainable_variables
     dataset = tf.data.Dataset.from_tensor_slices((FEATURES, LABELS)).batch(
@@ -108,7 +113,7 @@ def train(keras, strategy, style, optimizer_name="sgd", traced=False,
     def spanning(features, labels):
         gradients = spanning_gradients(features, labels)
         optimizer.apply_gradients(zip(gradients, variables),
-                                  **_apply_options(keras))
+                                  **_apply_options(keras, skip_aggregation))
 
     def spanning_assign_sub(features, labels):
         gradients = spanning_gradients(features, labels)
@@ -120,7 +125,7 @@ def train(keras, strategy, style, optimizer_name="sgd", traced=False,
             loss = _squared_error_share(model, features, labels)
         gradients = tape.gradient(loss, variables)
         optimizer.apply_gradients(zip(gradients, variables),
-                                  **_apply_options(keras))
+                                  **_apply_options(keras, skip_aggregation))
 
     step = {"canonical": canonical, "spanning": spanning,
             "spanning_assign_sub": spanning_assign_sub,

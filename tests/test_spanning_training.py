@@ -21,6 +21,8 @@ from keras_models import keras_module
 from spanning_training import assert_trained_alike
 from spanning_training import differs
 from spanning_training import train
+from tfdtape import keras2_aggregation
+from tfdtape import targets
 from tfdtape import testing
 
 CONFIGURATIONS = ("tfdtape", "tfdtape_alone", "pre_seed")
@@ -52,20 +54,20 @@ def canonical(keras_name, strategy, optimizer_name, traced):
 
 
 def check_spanning(configuration, keras_name, strategy, optimizer_name,
-                   traced, style="spanning", scope=True):
+                   traced, style="spanning", scope=True, skip_aggregation=True):
     expected, expected_iterations = canonical(keras_name, strategy,
                                               optimizer_name, traced)
     keras = keras_module(keras_name)
     if configuration == "pre_seed":
         try:
             found, _ = train(keras, strategy, style, optimizer_name, traced,
-                             scope)
+                             scope, skip_aggregation)
         except (ValueError, AttributeError, TypeError):
             return  # the handle error, None gradients, merge_call on None
         assert differs(found, expected)
         return
     found, iterations = train(keras, strategy, style, optimizer_name, traced,
-                              scope)
+                              scope, skip_aggregation)
     assert_trained_alike(found, expected, strategy.num_replicas_in_sync)
     if style == "spanning":
         assert iterations == expected_iterations == spanning_training.STEPS
@@ -90,6 +92,33 @@ def test_keras_2_optimizers_skip_aggregation(configuration, optimizer_name,
         pytest.skip("tf_keras is not installed")
     name = "tf_keras" if "tf_keras" in KERAS_MODULES else "tf.keras"
     check_spanning(configuration, name, strategy, optimizer_name, traced)
+
+
+@pytest.mark.parametrize("traced", [False, True], ids=["eager", "tf_function"])
+@pytest.mark.parametrize("optimizer_name", spanning_training.OPTIMIZERS)
+def test_keras_2_optimizers_need_no_skip_aggregation(configuration, optimizer_name,
+                                                     traced, strategy):
+    """Without `skip_gradients_aggregation=True` the Keras 2 apply in
+    cross-replica context hands the total on unaggregated
+    (tfdtape.keras2_aggregation); the control fails (`merge_call` on None,
+    or the handle error)."""
+    if "tf_keras" not in KERAS_MODULES and is_keras3(tf.keras):
+        pytest.skip("tf_keras is not installed")
+    name = "tf_keras" if "tf_keras" in KERAS_MODULES else "tf.keras"
+    check_spanning(configuration, name, strategy, optimizer_name, traced,
+                   skip_aggregation=False)
+
+
+def test_without_tfdtapes_aggregation_keras_2_fails_in_merge_call(strategy, monkeypatch):
+    """The control: tfdtape installed, Keras 2's own aggregate_gradients."""
+    name = "tf_keras" if "tf_keras" in KERAS_MODULES else "tf.keras"
+    if name == "tf_keras":
+        keras_module(name)  # skips without tf_keras
+    for cls in keras2_aggregation.keras2_classes():
+        current = vars(cls)[keras2_aggregation.ATTRIBUTE]
+        monkeypatch.setattr(cls, keras2_aggregation.ATTRIBUTE, targets.original_of(current))
+    with pytest.raises(AttributeError, match="'NoneType' object has no attribute 'merge_call'"):
+        train(keras_module(name), strategy, "spanning", "sgd", skip_aggregation=False)
 
 
 @pytest.mark.parametrize("traced", [False, True], ids=["eager", "tf_function"])

@@ -20,6 +20,7 @@ import types
 
 from tfdtape import errors
 from tfdtape import frame_filters
+from tfdtape import late_imports
 from tfdtape import release_policy
 from tfdtape import targets
 from tfdtape import tracing
@@ -156,6 +157,7 @@ def _close_block(block, error):
 def _install_locked():
     """install() with the lock held."""
     _, pending = _plan()
+    late_imports.watch(_late_package_arrived)
     if not pending:
         return False
     done = []
@@ -181,6 +183,14 @@ def _install_locked():
         log.warning("tfdtape: installed although %s. Run `python -m tfdtape "
                     "verify` to check the patch on this build", untested)
     return True
+
+
+def _late_package_arrived():
+    """Patches the targets a package imported just now brings, if tfdtape is
+    installed."""
+    with _state.lock:
+        if is_installed():
+            _install_locked()
 
 
 def _plan():

@@ -35,6 +35,7 @@ from tfdtape import compat
 from tfdtape import defun
 from tfdtape import errors
 from tfdtape import gradient_tape
+from tfdtape import keras2_aggregation
 from tfdtape import loss_scaling
 from tfdtape import merge_calls
 from tfdtape import recorded_transfers
@@ -322,13 +323,19 @@ def patch_targets():
 
 
 def _keras_targets():
-    """Keras 3's LossScaleOptimizer, once Keras is loaded (optional: a Keras
-    without it, or whose class changed, keeps its own refusal)."""
+    """Keras 3's LossScaleOptimizer and Keras 2's Optimizer, where loaded
+    (optional: a Keras without them, or whose classes changed, keeps its
+    own refusals)."""
+    table = [PatchTarget(cls, keras2_aggregation.ATTRIBUTE,
+                         keras2_aggregation.PARAMETERS,
+                         keras2_aggregation.make_aggregate_gradients, required=False)
+             for cls in keras2_aggregation.keras2_classes()]
     keras_class = loss_scaling.keras_class()
-    if keras_class is None:
-        return []
-    return [PatchTarget(keras_class, loss_scaling.ATTRIBUTE, loss_scaling.PARAMETERS,
-                        loss_scaling.make_tf_apply, required=False)]
+    if keras_class is not None:
+        table.append(PatchTarget(keras_class, loss_scaling.ATTRIBUTE,
+                                 loss_scaling.PARAMETERS, loss_scaling.make_tf_apply,
+                                 required=False))
+    return table
 
 
 def _maybe_merge_call_targets():
