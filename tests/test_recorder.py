@@ -9,6 +9,7 @@ import weakref
 import tensorflow as tf
 
 import tfdtape
+from conftest import DEVICES
 from tfdtape import explaining
 from tfdtape import recorder as recorder_lib
 from tfdtape import run_report
@@ -327,3 +328,22 @@ def test_a_keras_model_in_cross_replica_context_inside_a_tf_function(strategy):
     assert sorted((t["source"], t["components"])
                   for t in snapshot["total_derivatives"]) == [(path, 4) for path in paths]
     assert [w["kind"] for w in snapshot["warnings"]] == [recorder_lib.ONE_DEVICE]
+
+
+def test_a_strategy_of_one_replica_gets_no_one_device_warning():
+    """Found by the review: with one replica there is no other component to
+    take part, and the loss was computed inside strategy.run: no warning
+    (it said the step ran on one device, not on every replica)."""
+    one_replica = tf.distribute.MirroredStrategy(
+        DEVICES[:1], cross_device_ops=tf.distribute.ReductionToOneDevice())
+    with one_replica.scope():
+        v = tf.Variable(2.0)
+    with Recording() as recorder:
+        with one_replica.scope():
+            with tf.GradientTape() as tape:
+                loss = one_replica.reduce("SUM", one_replica.run(lambda: v * 3.0),
+                                          axis=None)
+            assert float(tape.gradient(loss, v)) == 3.0
+    snapshot = recorder.snapshot()
+    assert [(t["components"]) for t in snapshot["total_derivatives"]] == [1]
+    assert snapshot["warnings"] == []

@@ -235,8 +235,10 @@ def _differentiate(original_gradient, tape, target, sources, output_gradients,
     summed = tuple((source, components)
                    for source, components, count, beyond_first in distributed
                    if (count if cross_replica else beyond_first))
-    one_device = cross_replica and bool(summed) and all(
-        count <= 1 for _, components, count, _ in distributed if components > 1)
+    # One component of several: a strategy of one replica has nothing else.
+    of_several = [count for _, components, count, _ in distributed if components > 1]
+    one_device = (cross_replica and bool(summed) and bool(of_several) and
+                  all(count <= 1 for count in of_several))
     return nest.pack_sequence_as(sources, totals), summed, one_device, True
 
 
