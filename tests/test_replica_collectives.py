@@ -372,3 +372,132 @@ def test_an_all_reduce_under_a_tape_inside_the_replica_too_says_where_the_tape_g
     with pytest.raises(RuntimeError, match="Mismatching tf.distribute.Strategy") as raised:
         STEPS[mode](gradients)()
     assert replica_recording.BACKWARD_NOTE in str(raised.value)
+
+
+# Regressions found by the review of the change.
+
+@pytest.mark.parametrize("mode", sorted(STEPS))
+def test_an_all_reduce_after_an_inner_tape_closed_is_differentiated(
+        strategy, configuration, mode):
+    """An inner tape around a merge point closes before the all-reduce the
+    tape around the run differentiates. The replica threads take turns at
+    merge points: one replica must not see another's still-open inner tape
+    (it raised `Need to be inside call_for_each_replica()`)."""
+    with strategy.scope():
+        v = tf.Variable(V0)
+    inputs = per_replica_x(strategy)
+
+    def share(x):
+        with tf.GradientTape() as inner:
+            inner.watch(x)
+            count = tf.stop_gradient(tf.distribute.get_replica_context().all_reduce(
+                "SUM", tf.reduce_sum(x)))
+            square = tf.reduce_sum(x * x)
+        inner_gradient = inner.gradient(square, x)
+        return (replica_loss(x, v, "SUM") + 0.0 * count +
+                0.0 * tf.reduce_sum(inner_gradient))
+
+    def step():
+        with tf.GradientTape() as tape:
+            loss = strategy.reduce("SUM", strategy.run(share, args=(inputs,)), axis=None)
+        return tape.gradient(loss, v)
+
+    with strategy.scope():
+        if configuration not in PATCHED_CONFIGURATIONS:
+            with pytest.raises(ValueError, match="handle"):
+                STEPS[mode](step)()
+            return
+        gradient = STEPS[mode](step)()
+    np.testing.assert_allclose(gradient.numpy(), oracle_gradient("SUM"), rtol=1e-6)
+
+
+def test_a_forward_accumulator_inside_the_replica_keeps_tensorflows_all_reduce(
+        strategy, configuration):
+    """Forward-mode derivatives of an all-reduce need TensorFlow's path
+    inside the replica: the JVP is that of stock TensorFlow (it was None
+    with tfdtape). Each replica's JVP of sum(all_reduce(2x)) along ones is
+    2 * N * size(x); the loss sums N of them."""
+    inputs = per_replica_x(strategy)
+
+    def share(x):
+        with tf.autodiff.ForwardAccumulator(x, tf.ones_like(x)) as accumulator:
+            y = tf.distribute.get_replica_context().all_reduce("SUM", x * 2.0)
+        return tf.reduce_sum(accumulator.jvp(y))
+
+    with strategy.scope():
+        with tf.GradientTape():
+            loss = strategy.reduce("SUM", strategy.run(share, args=(inputs,)), axis=None)
+    assert float(loss) == REPLICAS * 2.0 * REPLICAS * V0.size
+
+
+@pytest.mark.parametrize("mode", sorted(STEPS))
+@pytest.mark.parametrize("scope", ["in_scope", "no_scope"])
+def test_a_collective_recomputed_in_the_backward_pass_is_refused(
+        strategy, configuration, mode, scope):
+    """tf.recompute_grad recomputes its function in the backward pass of a
+    tape around the run, outside the replicas, where the all-reduce would
+    reduce nothing (the gradient came out wrong, silently; in the scope
+    there was no replica context, which Keras's synchronized
+    BatchNormalization takes for local statistics): tfdtape's error, the
+    recomputation seeing the default replica context either way. Stock:
+    None (its tape recorded no replica), or in the scope the handle
+    error."""
+    with strategy.scope():
+        v = tf.Variable(V0)
+    inputs = per_replica_x(strategy)
+
+    @tf.recompute_grad
+    def centred(y):
+        mean = tf.distribute.get_replica_context().all_reduce("MEAN", y)
+        return (y - mean) ** 2
+
+    def step():
+        with tf.GradientTape() as tape:
+            loss = strategy.reduce("SUM", strategy.run(
+                lambda x: tf.reduce_sum(centred(x * v) * x), args=(inputs,)), axis=None)
+        return tape.gradient(loss, v)
+
+    context = strategy.scope() if scope == "in_scope" else _no_scope()
+    with context:
+        if configuration not in PATCHED_CONFIGURATIONS:
+            if scope == "in_scope":
+                with pytest.raises(ValueError, match="handle"):
+                    STEPS[mode](step)()
+            else:
+                assert STEPS[mode](step)() is None
+            return
+        with pytest.raises(ValueError, match="cannot run a collective in the backward "
+                           "pass of a tape around strategy.run") as raised:
+            STEPS[mode](step)()
+    assert "tf.distribute.ReplicaContext.all_reduce" in str(raised.value)
+
+
+@pytest.mark.parametrize("reduce_op", ["SUM", "MEAN"])
+@pytest.mark.parametrize("mode", sorted(STEPS))
+def test_batch_reduce_to_of_the_runs_values_in_cross_replica_context(
+        strategy, configuration, reduce_op, mode):
+    """strategy.extended.batch_reduce_to of what strategy.run returned,
+    under the tape, outside any merge_call (eagerly its collectives launch
+    from a thread pool: the gradient was silently None). loss = sum(r_0 *
+    S), r = the reduction of x_r * v: d/dv = S * S (/N for MEAN)."""
+    with strategy.scope():
+        v = tf.Variable(V0)
+    inputs = per_replica_x(strategy)
+    xs = sum(replica_x(r) for r in range(REPLICAS))
+
+    def step():
+        with tf.GradientTape() as tape:
+            products = strategy.run(lambda x: x * v, args=(inputs,))
+            reduced = strategy.extended.batch_reduce_to(
+                reduce_op, [(products, products)])[0]
+            loss = tf.reduce_sum(strategy.experimental_local_results(reduced)[0] * xs)
+        return tape.gradient(loss, v)
+
+    with strategy.scope():
+        if configuration not in PATCHED_CONFIGURATIONS:
+            with pytest.raises(ValueError, match="handle"):
+                STEPS[mode](step)()
+            return
+        gradient = STEPS[mode](step)()
+    scale = 1.0 / REPLICAS if reduce_op == "MEAN" else 1.0
+    np.testing.assert_allclose(gradient.numpy(), xs * xs * scale, rtol=1e-6)

@@ -36,6 +36,8 @@ from tensorflow.python.eager import backprop
 from tensorflow.python.framework import indexed_slices
 from tensorflow.python.framework import ops
 
+from tfdtape import compat
+
 # Kept across importlib.reload: a gradient being computed stays placed.
 _state = globals().get("_state") or threading.local()
 """Per thread, `.depth`: how many placing() blocks are open."""
@@ -83,16 +85,27 @@ def make_record_operation(original):
 
 
 def _placed(backward_function, device):
-    """`backward_function`, run under `device` inside `placing()` (as is
-    where the device is unknown)."""
-    if not device:
-        return backward_function
+    """`backward_function`, run inside `placing()` under `device` (none
+    where unknown) and outside any strategy's cross-replica context.
+
+    It was recorded inside a replica and runs outside it: what it asks of
+    the strategy (`tf.recompute_grad` recomputing the replica's operations)
+    gets the default strategy's replica context there, as with no scope
+    around the step, whose collectives tfdtape refuses
+    (`replica_recording.check_not_differentiating_replicas`), rather than
+    none, which Keras's synchronized BatchNormalization takes for "not
+    distributed" and silently computes local statistics."""
 
     def placed_backward(*gradients, **options):
         if not getattr(_state, "depth", 0):
             return backward_function(*gradients, **options)
-        with ops.device(device):
-            return backward_function(*gradients, **options)
+        compat.strategy_context._push_per_thread_mode(
+            compat.strategy_context._get_default_replica_mode())
+        try:
+            with ops.device(device) if device else contextlib.nullcontext():
+                return backward_function(*gradients, **options)
+        finally:
+            compat.strategy_context._pop_per_thread_mode()
 
     return placed_backward
 

@@ -162,7 +162,9 @@ def make_gradient(original_gradient):
         spanning = replica_recording.spanned_runs(self) > 0
         try:
             with (backward_placement.placing() if spanning
-                  else contextlib.nullcontext()):
+                  else contextlib.nullcontext()), (
+                    replica_recording.differentiating_replicas() if spanning
+                    else contextlib.nullcontext()):
                 result, totals, one_device, summing = _differentiate(
                     original_gradient, self, target, sources, output_gradients,
                     unconnected_gradients)

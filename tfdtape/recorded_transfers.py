@@ -12,9 +12,13 @@ replica context. Two places qualify:
   eagerly, the collectives of `reduce_to` and `batch_reduce_to` launch from
   a thread pool no tape records (the gradient is silently None), and in a
   graph `CollectiveReduceV2` has no gradient;
-- `strategy.gather` (`_gather_to`) of per-replica values under any
-  recording tape in cross-replica context, outside a run's merge_call
-  (stock: `LookupError`, eagerly already in the forward pass).
+- `batch_reduce_to` and `strategy.gather` (`_gather_to`) of per-replica
+  values under any recording tape in cross-replica context, outside a
+  run's merge_call (`batch_reduce_to` on what `strategy.run` returned:
+  eagerly a silent None; `strategy.gather`: `LookupError`, eagerly already
+  in the forward pass). `reduce_to` there (what `strategy.reduce` calls,
+  to the host's CPU) keeps TensorFlow's own gradient: it reduces through
+  copies and `add_n`.
 
 There the transfer runs as TensorFlow's, without recording, and each of its
 results is recorded as one operation whose inputs are every replica's
@@ -67,7 +71,7 @@ def make_batch_reduce_to(original):
 
     def batch_reduce_to(self, reduce_op, value_destination_pairs, options=None):
         pairs = list(value_destination_pairs)
-        if not (replica_recording.merging_for_spanned_replicas() and
+        if not (_transfers_record_here() and
                 any(_recordable(self, value) for value, _ in pairs)):
             return original(self, reduce_op, pairs, options)
         with compat.stop_recording():
@@ -86,7 +90,7 @@ def make_gather_to(original):
     `all_gather` call) that records the gather where described above."""
 
     def _gather_to(self, value, destinations, axis, options=None):
-        if not (_gathers_record_here() and _recordable(self, value)):
+        if not (_transfers_record_here() and _recordable(self, value)):
             return original(self, value, destinations, axis, options)
         with compat.stop_recording():
             gathered = original(self, value, destinations, axis, options)
@@ -100,7 +104,7 @@ def make_gather_to(original):
     return _gather_to
 
 
-def _gathers_record_here():
+def _transfers_record_here():
     if replica_recording.merging_for_spanned_replicas():
         return True
     return (not replica_recording.merging_for_a_run() and
@@ -121,15 +125,16 @@ def _record_reduction(extended, reduce_op, value, reduced):
     if isinstance(reduce_op, str):
         reduce_op = reduce_util.ReduceOp(reduce_op.upper())
     components = extended._local_results(value)
-    scale = 1.0 / len(components) if reduce_op == reduce_util.ReduceOp.MEAN else None
+    divisor = len(components) if reduce_op == reduce_util.ReduceOp.MEAN else None
     for result in extended._local_results(reduced):
         compat.recording_module.record_operation(
-            REDUCTION, [result], list(components), _broadcast(components, scale))
+            REDUCTION, [result], list(components), _broadcast(components, divisor))
 
 
-def _broadcast(components, scale):
+def _broadcast(components, divisor):
     """The backward function of one reduced result: its cotangent on each
-    component's device, times `scale` (None: 1)."""
+    component's device, divided by `divisor` (None: 1; a division, as the
+    gradient of TensorFlow's own mean is)."""
 
     def backward(cotangent):
         if cotangent is None:
@@ -138,9 +143,9 @@ def _broadcast(components, scale):
         for component in components:
             with ops.device(component.device):
                 gradient = array_ops.identity(cotangent)
-                if scale is not None:
-                    gradient = math_ops.multiply(gradient,
-                                                 math_ops.cast(scale, gradient.dtype))
+                if divisor is not None:
+                    gradient = math_ops.truediv(
+                        gradient, math_ops.cast(divisor, gradient.dtype))
             gradients.append(gradient)
         return gradients
 

@@ -16,7 +16,11 @@ custom gradient: the merge_call function runs in the calling thread, where
 `tfdtape.recorded_transfers` records it with its transpose. Everywhere else
 (a tape opened inside the replica function, `IndexedSlices`, strategies
 that transfer without `merge_call`, the replicas of other workers)
-TensorFlow's function runs unchanged.
+TensorFlow's function runs unchanged. In the backward pass of a tape that
+recorded the replicas (`tf.recompute_grad` recomputing, a custom gradient),
+which runs outside them, either raises: there it would reduce nothing.
+A `tf.autodiff.ForwardAccumulator` inside the replica counts as a tape
+opened there (forward-mode derivatives need TensorFlow's path).
 
 On N devices the backward pass of an all-reduce copies each result's
 cotangent from each replica's device to every other: N(N-1) transfers of
@@ -34,6 +38,9 @@ from tensorflow.python.util import nest
 
 from tfdtape import replica_recording
 
+_ALL_REDUCE = "tf.distribute.ReplicaContext.all_reduce"
+_ALL_GATHER = "tf.distribute.ReplicaContext.all_gather"
+
 
 def make_all_reduce(original):
     """Returns a `ReplicaContext.all_reduce` that, in the replicas of a run
@@ -41,6 +48,7 @@ def make_all_reduce(original):
     TensorFlow's custom gradient."""
 
     def all_reduce(self, reduce_op, value, options=None):
+        replica_recording.check_not_differentiating_replicas(self, _ALL_REDUCE)
         if not _transfers_in_the_calling_thread(self, value):
             return original(self, reduce_op, value, options)
         options = options or collective_util.Options()
@@ -61,6 +69,7 @@ def make_all_gather(original):
     TensorFlow's custom gradient."""
 
     def all_gather(self, value, axis, options=None):
+        replica_recording.check_not_differentiating_replicas(self, _ALL_GATHER)
         if not _transfers_in_the_calling_thread(self, value):
             return original(self, value, axis, options)
         options = options or collective_util.Options()

@@ -37,8 +37,10 @@ from tensorflow.python.ops import control_flow_v2_func_graphs
 from tensorflow.python.util import traceback_utils
 
 from tfdtape import backward_placement
+from tfdtape import compat
 from tfdtape import errors
 from tfdtape import resolution
+from tfdtape import tracing
 
 _SPANNED_RUNS = "_tfdtape_spanned_runs"
 """On a GradientTape: how many strategy.run calls it recorded the replicas of
@@ -58,11 +60,13 @@ BACKWARD_NOTE = (
 `is_cross_replica_backward_error` recognises."""
 
 _CROSS_REPLICA_SIGNS = ("call_for_each_replica", "merge_call", "replica context",
-                        "Mismatching tf.distribute.Strategy", "Collective", "Nccl")
+                        "Mismatching tf.distribute.Strategy", "Collective", "Nccl",
+                        "attribute 'all_reduce'", "attribute 'all_gather'")
 """Words of TensorFlow's errors for a collective or merge_call differentiated
 outside the replicas: replica-context checks (`merge_call` needs to be inside
 `call_for_each_replica()`; outside any strategy, the default strategy's
-context is not the run's), and collective ops with no gradient."""
+context is not the run's; in cross-replica context there is no replica
+context to call `all_reduce` on), and collective ops with no gradient."""
 
 
 def is_cross_replica_backward_error(error):
@@ -87,8 +91,15 @@ class _SpannedRun:
     thread that called it and its replica threads."""
 
     def __init__(self):
-        self.inner_tapes = []
-        """The tapes opened inside its replicas that record now."""
+        self.inner_tapes = {}
+        """{replica thread id: the tapes opened in that replica that record
+        now}. Per thread: the replica threads take turns between merge
+        points, so one replica may look while another's tape is still open
+        at an earlier point of the same program."""
+
+    def inner_tapes_here(self):
+        """The list of this thread's tapes opened inside its replica."""
+        return self.inner_tapes.setdefault(threading.get_ident(), [])
 
 
 def _tapes_here():
@@ -118,7 +129,7 @@ def tape_pushed(tape, is_new):
     if stack and stack[-1].replica_context is not None:
         run = getattr(_recording, "run", None)
         if run is not None:
-            run.inner_tapes.append(tape)
+            run.inner_tapes_here().append(tape)
         return
     _tapes_here().append((tape, graph))
 
@@ -131,28 +142,92 @@ def tape_popped(tape):
             del tapes[index]
             return
     run = getattr(_recording, "run", None)
-    inner = run.inner_tapes if run is not None else []
+    inner = run.inner_tapes_here() if run is not None else []
     for index, recording in enumerate(inner):
         if recording is tape:
             del inner[index]
             return
 
 
+def make_push_accumulator(original):
+    """Returns a `ForwardAccumulator._push_accumulator` that notes, inside
+    the replicas of a run that tapes around it record, the accumulator
+    among the replica's own recorders: forward-mode derivatives of a
+    collective need TensorFlow's path, inside the replica."""
+
+    def _push_accumulator(self):
+        original(self)
+        run = getattr(_recording, "run", None)
+        if run is not None:
+            run.inner_tapes_here().append(self)
+
+    _push_accumulator.__doc__ = original.__doc__
+    return _push_accumulator
+
+
+def make_pop_accumulator(original):
+    """Returns a `ForwardAccumulator._pop_accumulator` that forgets what
+    `make_push_accumulator`'s version noted."""
+
+    def _pop_accumulator(self):
+        original(self)
+        tape_popped(self)
+
+    _pop_accumulator.__doc__ = original.__doc__
+    return _pop_accumulator
+
+
+@contextlib.contextmanager
+def differentiating_replicas():
+    """Inside the block, this thread computes the backward pass of a tape
+    that recorded the replicas of a `strategy.run` (outside them)."""
+    _recording.differentiating = getattr(_recording, "differentiating", 0) + 1
+    try:
+        yield
+    finally:
+        _recording.differentiating -= 1
+
+
+def check_not_differentiating_replicas(replica_context, symbol):
+    """Raises ValueError if this thread computes the backward pass of a
+    tape that recorded the replicas and `replica_context` is the default
+    strategy's: a collective run there (by `tf.recompute_grad` recomputing
+    the replica's forward pass, or by a backward function of the
+    program's) runs outside the replicas, where it would reduce nothing.
+    (The run's own replica context, captured by TensorFlow's gradient of a
+    collective, raises TensorFlow's error, which gets `BACKWARD_NOTE`.)"""
+    if (not getattr(_recording, "differentiating", 0) or
+            replica_context._strategy is not
+            compat.strategy_context._get_default_strategy()):
+        return
+    raise tracing.refused(ValueError(errors.message(
+        "cannot run a collective in the backward pass of a tape around "
+        "strategy.run", symbol,
+        "collectives inside the replicas, where every replica takes part",
+        "one in the backward pass of a tape that recorded the replicas of a "
+        "strategy.run (tf.recompute_grad recomputing the replica function's "
+        "operations, or a backward function of tf.custom_gradient), which "
+        "runs outside the replicas, where it would reduce nothing",
+        "Keep collectives out of recomputed and custom-gradient functions, "
+        "or open the tape inside the function you pass to strategy.run")))
+
+
 def only_spanning_tapes_record_here():
     """Whether this thread runs the replica function of a `strategy.run`
-    that tapes around it record, and no tape opened inside its replicas
+    that tapes around it record, and no tape opened inside this replica
     records too."""
     run = getattr(_recording, "run", None)
-    return run is not None and not run.inner_tapes
+    return run is not None and not run.inner_tapes_here()
 
 
 def merging_for_spanned_replicas():
     """Whether this thread runs a `merge_call` function for the replicas of
     a `strategy.run` that tapes around it record (and no tape opened inside
-    its replicas records too): its cross-device transfers are then recorded
+    its replicas records too; at a merge point every replica has reached the
+    same point of the program): its cross-device transfers are then recorded
     here, on those tapes (`tfdtape.recorded_transfers`)."""
     run = getattr(_recording, "merging", None)
-    return run is not None and not run.inner_tapes
+    return run is not None and not any(run.inner_tapes.values())
 
 
 def merging_for_a_run():

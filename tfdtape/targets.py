@@ -27,6 +27,7 @@ from tensorflow.python.distribute import merge_call_interim
 from tensorflow.python.distribute import mirrored_run
 from tensorflow.python.distribute import values_util
 from tensorflow.python.eager import backprop
+from tensorflow.python.eager import forwardprop
 from tensorflow.python.eager import tape as tape_module
 from tensorflow.python.framework import ops
 
@@ -298,6 +299,10 @@ def patch_targets():
                     ("op_type", "output_tensors", "input_tensors",
                      "backward_function"),
                     backward_placement.make_record_operation),
+        PatchTarget(forwardprop.ForwardAccumulator, "_push_accumulator", ("self",),
+                    replica_recording.make_push_accumulator),
+        PatchTarget(forwardprop.ForwardAccumulator, "_pop_accumulator", ("self",),
+                    replica_recording.make_pop_accumulator),
         PatchTarget(distribute_lib.ReplicaContextBase, "all_reduce",
                     ("self", "reduce_op", "value", "options"),
                     replica_collectives.make_all_reduce),
