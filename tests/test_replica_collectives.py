@@ -501,3 +501,42 @@ def test_batch_reduce_to_of_the_runs_values_in_cross_replica_context(
         gradient = STEPS[mode](step)()
     scale = 1.0 / REPLICAS if reduce_op == "MEAN" else 1.0
     np.testing.assert_allclose(gradient.numpy(), xs * xs * scale, rtol=1e-6)
+
+
+@pytest.mark.parametrize("mode", sorted(STEPS))
+def test_an_all_reduce_of_indexed_slices_is_refused_where_differentiated(
+        strategy, configuration, mode):
+    """Not differentiable in TensorFlow either (eagerly the gradient was
+    silently None): the tape raises tfdtape's error when the gradient
+    needs it, and a loss that uses only the forward value of the reduced
+    rows elsewhere still differentiates (d/dv sum(x_r * v) summed = S).
+    Stock: the handle error."""
+    with strategy.scope():
+        v = tf.Variable(V0)
+    inputs = per_replica_x(strategy)
+
+    def share(x, through_reduction):
+        rows = tf.IndexedSlices(tf.reshape(x * v, (1, 2)), tf.constant([0]),
+                                tf.constant([2, 2]))
+        reduced = tf.distribute.get_replica_context().all_reduce("SUM", rows)
+        dense = tf.convert_to_tensor(reduced)
+        if through_reduction:
+            return tf.reduce_sum(dense * dense)
+        return tf.reduce_sum(x * v) + 0.0 * tf.reduce_sum(tf.stop_gradient(dense))
+
+    def step(through_reduction):
+        with tf.GradientTape() as tape:
+            loss = strategy.reduce("SUM", strategy.run(
+                share, args=(inputs, through_reduction)), axis=None)
+        return tape.gradient(loss, v)
+
+    with strategy.scope():
+        if configuration not in PATCHED_CONFIGURATIONS:
+            with pytest.raises(ValueError, match="handle"):
+                STEPS[mode](lambda: step(False))()
+            return
+        np.testing.assert_allclose(STEPS[mode](lambda: step(False))().numpy(),
+                                   sum(replica_x(r) for r in range(REPLICAS)))
+        with pytest.raises(ValueError, match="cannot differentiate an all-reduce "
+                           "of IndexedSlices"):
+            STEPS[mode](lambda: step(True))()

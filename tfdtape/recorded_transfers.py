@@ -29,19 +29,27 @@ input's device). The tape sums what an input gets from the results: the
 transpose of an all-reduce or all-gather, exactly.
 
 Only `PerReplica` values of dense tensors held by this process's replicas
-are recorded so; `IndexedSlices`, variables, mirrored values and the other
-workers' replicas (MultiWorkerMirroredStrategy) take TensorFlow's path.
+are recorded so; variables, mirrored values and the other workers' replicas
+(MultiWorkerMirroredStrategy) take TensorFlow's path. A reduction of
+`IndexedSlices` (not differentiable in TensorFlow either; eagerly the
+gradient was silently None) is recorded with a backward function that
+raises a `ValueError` saying so.
 """
 
 from tensorflow.python.distribute import reduce_util
 from tensorflow.python.distribute import values
+from tensorflow.python.framework import indexed_slices
 from tensorflow.python.framework import ops
 from tensorflow.python.ops import array_ops
 from tensorflow.python.ops import math_ops
 
 from tfdtape import backward_placement
 from tfdtape import compat
+from tfdtape import errors
 from tfdtape import replica_recording
+from tfdtape import tracing
+
+_SYMBOL = "tf.distribute.ReplicaContext.all_reduce or StrategyExtended.batch_reduce_to"
 
 REDUCTION = "tfdtape_cross_replica_reduction"
 GATHER = "tfdtape_cross_replica_gather"
@@ -71,14 +79,18 @@ def make_batch_reduce_to(original):
 
     def batch_reduce_to(self, reduce_op, value_destination_pairs, options=None):
         pairs = list(value_destination_pairs)
-        if not (_transfers_record_here() and
-                any(_recordable(self, value) for value, _ in pairs)):
+        if not (_transfers_record_here() and any(
+                _recordable(self, value) or
+                _recordable(self, value, indexed_slices.IndexedSlices)
+                for value, _ in pairs)):
             return original(self, reduce_op, pairs, options)
         with compat.stop_recording():
             reduced = original(self, reduce_op, pairs, options)
         for (value, _), result in zip(pairs, reduced):
             if _recordable(self, value):
                 _record_reduction(self, reduce_op, value, result)
+            elif _recordable(self, value, indexed_slices.IndexedSlices):
+                _record_refusal(self, value, result)
         return reduced
 
     batch_reduce_to.__doc__ = original.__doc__
@@ -111,14 +123,36 @@ def _transfers_record_here():
             compat.recording_module.could_possibly_record())
 
 
-def _recordable(extended, value):
-    """Whether `value` is per-replica dense tensors, one per replica of the
-    strategy, all of them in this process."""
+def _recordable(extended, value, kind=compat.Tensor):
+    """Whether `value` is per-replica `kind` values (dense tensors), one per
+    replica of the strategy, all of them in this process."""
     if type(value) is not values.PerReplica:
         return False
     components = value.values
     return (len(components) == extended._container_strategy().num_replicas_in_sync and
-            all(isinstance(c, compat.Tensor) for c in components))
+            all(isinstance(c, kind) for c in components))
+
+
+def _record_refusal(extended, value, reduced):
+    """Records the reduction of per-replica `IndexedSlices` with a backward
+    function that raises: TensorFlow's reduction of them is not
+    differentiable either (the gradient was silently None)."""
+    inputs = [c.values for c in extended._local_results(value)]
+    outputs = [r.values for r in extended._local_results(reduced)
+               if isinstance(r, indexed_slices.IndexedSlices)]
+
+    def refuse(*cotangents):
+        raise tracing.refused(ValueError(errors.message(
+            "cannot differentiate an all-reduce of IndexedSlices", _SYMBOL,
+            "dense values in an all-reduce a tape around strategy.run "
+            "differentiates", "IndexedSlices (sparse rows, such as an "
+            "embedding's gradient), whose reduction concatenates rows and has "
+            "no gradient in TensorFlow either",
+            "Convert them to a dense tensor before the all-reduce "
+            "(tf.convert_to_tensor), or keep them out of what the tape "
+            "differentiates")))
+
+    compat.recording_module.record_operation(REDUCTION, outputs, inputs, refuse)
 
 
 def _record_reduction(extended, reduce_op, value, reduced):
