@@ -1,6 +1,7 @@
 """Packages imported after tfdtape installed (tfdtape.late_imports): their
 targets are patched right after their import, in a fresh process."""
 
+import ast
 import os
 import subprocess
 import sys
@@ -38,3 +39,32 @@ def test_tf_keras_imported_after_tfdtape_is_patched_while_installed(before, expe
         capture_output=True, text=True, timeout=300)
     assert completed.returncode == 0, completed.stderr
     assert completed.stdout.splitlines()[-2:] == [expected, "['tensorflow']"]
+
+
+KERAS_FIRST = """
+import {package}
+import tensorflow as tf
+from tfdtape import targets
+print(sorted(t.holder() for t in targets.patch_targets()
+             if getattr(t.owner, "__module__", "").startswith("{package}.")))
+"""
+
+
+@pytest.mark.parametrize("package", ["tf_keras", "keras"])
+def test_a_script_importing_keras_before_tensorflow_under_run_is_patched(
+        package, tmp_path):
+    """Found by the review: under `python -m tfdtape run`, tfdtape installs
+    when TensorFlow's import ends, inside the Keras package's own import,
+    before its optimizer modules load; they are patched when they have
+    loaded (they were left as Keras's, and the cross-replica apply
+    raised)."""
+    pytest.importorskip(package, reason=f"{package} is not installed")
+    script = tmp_path / "script.py"
+    script.write_text(KERAS_FIRST.format(package=package))
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
+    completed = subprocess.run(
+        [sys.executable, "-m", "tfdtape", "run", str(script)],
+        env=env, capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert completed.returncode == 0, completed.stderr
+    holders = ast.literal_eval(completed.stdout.splitlines()[0])
+    assert holders and set(holders) == {"tfdtape"}

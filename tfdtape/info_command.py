@@ -64,7 +64,9 @@ def _holder_text(target, targets):
     if holder == targets.TFDTAPE:
         return "tfdtape's replacement"
     if holder == targets.TENSORFLOW:
-        return "TensorFlow's original"
+        owner = getattr(target.owner, "__module__", None) or target.owner.__name__
+        return ("TensorFlow's original" if owner.partition(".")[0] == "tensorflow"
+                else f"{owner.partition('.')[0]}'s original")
     if holder == targets.MISSING:
         return "missing"
     return f"another library's patch ({targets.describe(target.current())})"

@@ -1,31 +1,34 @@
-"""Patch targets in packages imported after tfdtape installed.
+"""Patch targets in modules imported after tfdtape installed.
 
 tf_keras (Keras 2 for TensorFlow 2.16 and later) is not imported with
-TensorFlow; a program imports it, usually after `import tfdtape`. Its
-optimizer is a patch target (`tfdtape.keras2_aggregation`), so tfdtape
-watches for its import (`tfdtape.import_hook`) and, right after the
-package's `__init__` has run, patches the new targets if tfdtape is
-installed then. Keras 3 needs no watch: TensorFlow 2.16+ imports its
-optimizers with TensorFlow itself.
+TensorFlow; a program imports it, usually after `import tfdtape`. And a
+package that imports TensorFlow itself (tf_keras, Keras 3) before the
+program does is half imported when tfdtape installs at TensorFlow's
+import (`python -m tfdtape run`): its optimizer modules load after. The
+modules that define patch targets (`MODULES`) are therefore watched for
+(`tfdtape.import_hook`): right after one has loaded, the new targets are
+patched if tfdtape is installed then.
 """
 
 import sys
 
 from tfdtape import import_hook
+from tfdtape import keras2_aggregation
+from tfdtape import loss_scaling
 
-PACKAGES = ("tf_keras",)
-"""The packages watched for."""
+MODULES = (*keras2_aggregation.OPTIMIZER_MODULES, loss_scaling.DEFINING_MODULE)
+"""The modules watched for."""
 
 # Kept across importlib.reload: a watch started stays the only one.
 _watches = globals().get("_watches") or {}
 
 
 def watch(arrived):
-    """Starts, once per process and package, a watch that calls `arrived()`
-    right after each package of PACKAGES not yet imported is imported."""
-    for package in PACKAGES:
-        if package in sys.modules or package in _watches:
+    """Starts, once per process and module, a watch that calls `arrived()`
+    right after each module of MODULES not yet loaded is loaded."""
+    for name in MODULES:
+        if name in sys.modules or name in _watches:
             continue
         # No deferring prefix: what `arrived` needs of tfdtape is loaded.
-        _watches[package] = import_hook.AfterImport(package, arrived, defer_prefix="\0")
-        _watches[package].start()
+        _watches[name] = import_hook.AfterImport(name, arrived, defer_prefix="\0")
+        _watches[name].start()

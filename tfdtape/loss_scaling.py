@@ -21,9 +21,12 @@ runs unchanged.
 Keras is never imported here: the class is looked up in `sys.modules`
 through what Keras exports (`keras.optimizers.LossScaleOptimizer`) when
 tfdtape installs. TensorFlow 2.16 and later import Keras's optimizers when
-TensorFlow is imported (`tensorflow/__init__.py`), so the class is there
-then; with `TF_USE_LEGACY_KERAS=1` (tf_keras instead) a Keras 3 imported
-later keeps its own refusal.
+TensorFlow is imported (`tensorflow/__init__.py`), so the class is usually
+there then; where Keras is imported first and tfdtape installs while it is
+half imported (`python -m tfdtape run` on a script that imports Keras
+before TensorFlow), `tfdtape.late_imports` patches the class when its
+defining module has loaded. With `TF_USE_LEGACY_KERAS=1` (tf_keras instead)
+a Keras 3 imported later keeps its own refusal.
 """
 
 import inspect
@@ -35,6 +38,8 @@ from tfdtape import merge_calls
 ATTRIBUTE = "_tf_apply"
 PARAMETERS = ("self", "grads", "trainable_variables")
 _SYMBOL = "keras.optimizers.LossScaleOptimizer.apply"
+DEFINING_MODULE = "keras.src.optimizers.loss_scale_optimizer"
+"""Where Keras 3 defines the class (watched for by `tfdtape.late_imports`)."""
 
 
 def keras_class():
@@ -45,6 +50,9 @@ def keras_class():
     keras_module = sys.modules.get("keras")
     optimizers = None if keras_module is None else vars(keras_module).get("optimizers")
     found = None if optimizers is None else vars(optimizers).get("LossScaleOptimizer")
+    if found is None:  # Keras still importing (`late_imports`): its defining module
+        defining = sys.modules.get(DEFINING_MODULE)
+        found = None if defining is None else vars(defining).get("LossScaleOptimizer")
     method = vars(found).get(ATTRIBUTE) if isinstance(found, type) else None
     if method is not None and tuple(inspect.signature(method).parameters) == PARAMETERS:
         return found
