@@ -11,26 +11,26 @@ import pytest
 LATE_TF_KERAS = """
 import sys
 import tfdtape
-from tfdtape import keras2_aggregation, targets
+from tfdtape import keras2_aggregation, keras2_loss_scaling, targets
 assert "tf_keras" not in sys.modules
 {before}
 import tf_keras
-holders = [t.holder() for t in targets.patch_targets()
-           if t.attribute == keras2_aggregation.ATTRIBUTE]
-print(holders, tfdtape.is_installed())
+def holders():
+    return [t.holder() for t in targets.patch_targets() if t.attribute in (
+        keras2_aggregation.ATTRIBUTE, keras2_loss_scaling.ATTRIBUTE)]
+print(holders(), tfdtape.is_installed())
 tfdtape.uninstall()
-print([t.holder() for t in targets.patch_targets()
-       if t.attribute == keras2_aggregation.ATTRIBUTE])
+print(holders())
 """
 
 
 @pytest.mark.parametrize("before, expected", [
-    ("", "['tfdtape'] True"),
-    ("tfdtape.uninstall()", "['tensorflow'] False"),
+    ("", "['tfdtape', 'tfdtape', 'tfdtape'] True"),
+    ("tfdtape.uninstall()", "['tensorflow', 'tensorflow', 'tensorflow'] False"),
 ])
 def test_tf_keras_imported_after_tfdtape_is_patched_while_installed(before, expected):
-    """tf_keras is imported after tfdtape: its optimizer is patched right
-    after its import while tfdtape is installed (tfdtape.late_imports), not
+    """tf_keras is imported after tfdtape: its optimizer and its two loss
+    scale optimizers are patched right after their import while tfdtape is installed (tfdtape.late_imports), not
     while it is not; uninstall restores Keras's function."""
     pytest.importorskip("tf_keras", reason="tf_keras is not installed")
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
@@ -38,7 +38,8 @@ def test_tf_keras_imported_after_tfdtape_is_patched_while_installed(before, expe
         [sys.executable, "-c", LATE_TF_KERAS.format(before=before)], env=env,
         capture_output=True, text=True, timeout=300)
     assert completed.returncode == 0, completed.stderr
-    assert completed.stdout.splitlines()[-2:] == [expected, "['tensorflow']"]
+    assert completed.stdout.splitlines()[-2:] == [
+        expected, "['tensorflow', 'tensorflow', 'tensorflow']"]
 
 
 KERAS_FIRST = """

@@ -37,6 +37,7 @@ from tfdtape import defun
 from tfdtape import errors
 from tfdtape import gradient_tape
 from tfdtape import keras2_aggregation
+from tfdtape import keras2_loss_scaling
 from tfdtape import loss_scaling
 from tfdtape import merge_calls
 from tfdtape import recorded_transfers
@@ -328,13 +329,18 @@ def patch_targets():
 
 
 def _keras_targets():
-    """Keras 3's LossScaleOptimizer and Keras 2's Optimizer, where loaded
+    """Keras 3's LossScaleOptimizer, Keras 2's Optimizer and its
+    LossScaleOptimizer classes, where loaded
     (optional: a Keras without them, or whose classes changed, keeps its
     own refusals)."""
     table = [PatchTarget(cls, keras2_aggregation.ATTRIBUTE,
                          keras2_aggregation.PARAMETERS,
                          keras2_aggregation.make_aggregate_gradients, required=False)
              for cls in keras2_aggregation.keras2_classes()]
+    table += [PatchTarget(cls, keras2_loss_scaling.ATTRIBUTE, parameters,
+                          keras2_loss_scaling.REPLACEMENTS[cls.__name__],
+                          required=False)
+              for cls, parameters in keras2_loss_scaling.keras2_classes()]
     keras_class = loss_scaling.keras_class()
     if keras_class is not None:
         table.append(PatchTarget(keras_class, loss_scaling.ATTRIBUTE,
