@@ -30,8 +30,9 @@ print(holders())
 ])
 def test_tf_keras_imported_after_tfdtape_is_patched_while_installed(before, expected):
     """tf_keras is imported after tfdtape: its optimizer and its two loss
-    scale optimizers are patched right after their import while tfdtape is installed (tfdtape.late_imports), not
-    while it is not; uninstall restores Keras's function."""
+    scale optimizers are patched right after their import while tfdtape is
+    installed (tfdtape.late_imports), not while it is not; uninstall
+    restores Keras's functions."""
     pytest.importorskip("tf_keras", reason="tf_keras is not installed")
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
     completed = subprocess.run(
