@@ -1,4 +1,5 @@
-"""Running scripts under `python -m tfdtape run` in the tests."""
+"""Running scripts under `python -m tfdtape run` in the tests, and the
+recorder behind it in-process."""
 
 import os
 import pathlib
@@ -22,3 +23,26 @@ def summary_of(stderr):
     """The summary block of stderr (from its first line on)."""
     start = stderr.index("tfdtape run: ")
     return stderr[start:]
+
+
+def script_line(name, marker):
+    """The line number of `marker` in run_scripts/`name`."""
+    lines = (SCRIPTS / name).read_text().splitlines()
+    return next(number for number, line in enumerate(lines, start=1)
+                if marker in line)
+
+
+class Recording:
+    """A Recorder (what `python -m tfdtape run` has) attached to tracing for
+    a with-block."""
+
+    def __enter__(self):
+        from tfdtape import recorder as recorder_lib
+        from tfdtape import tracing
+        self._tracing = tracing
+        self.recorder = recorder_lib.Recorder()
+        tracing.open_sink(self.recorder)
+        return self.recorder
+
+    def __exit__(self, *exc_info):
+        self._tracing.close_sink(self.recorder)

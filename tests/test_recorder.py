@@ -10,28 +10,16 @@ import tensorflow as tf
 
 import tfdtape
 from conftest import DEVICES
+from run_helpers import Recording
 from tfdtape import explaining
 from tfdtape import recorder as recorder_lib
 from tfdtape import run_report
-from tfdtape import tracing
 
 RECORDING_FILES = tuple(
     os.path.join(os.path.dirname(tfdtape.__file__), name)
     for name in ("recorder.py", "tracing.py", "replica_recording.py"))
 """Where what the recording keeps is allocated (TensorFlow's own allocations
 on tfdtape's lines, such as the C++ tape's, are not the recorder's)."""
-
-
-class Recording:
-    """A Recorder attached to tracing for a with-block."""
-
-    def __enter__(self):
-        self.recorder = recorder_lib.Recorder()
-        tracing.open_sink(self.recorder)
-        return self.recorder
-
-    def __exit__(self, *exc_info):
-        tracing.close_sink(self.recorder)
 
 
 def test_counts_by_variable_context_and_replica(strategy):

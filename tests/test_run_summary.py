@@ -14,6 +14,7 @@ import pytest
 import tensorflow as tf
 
 from run_helpers import SCRIPTS
+from run_helpers import script_line
 from run_helpers import summary_of
 from run_helpers import tfdtape_run
 
@@ -61,13 +62,6 @@ def test_a_healthy_run_of_160_variables_fits_a_screen(tmp_path):
     verbose = summary_of(tfdtape_run("--verbose", str(SCRIPTS / "big_model.py"))
                          .stderr).splitlines()
     assert len([line for line in verbose if re.match(r"  \d+ ", line)]) == 160
-
-
-def script_line(name, marker):
-    """The line number of `marker` in run_scripts/`name`."""
-    lines = (SCRIPTS / name).read_text().splitlines()
-    return next(number for number, line in enumerate(lines, start=1)
-                if marker in line)
 
 
 def test_the_classic_bugs_are_warned_about(tmp_path):

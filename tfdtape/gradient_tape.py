@@ -44,6 +44,7 @@ from tfdtape import merge_calls
 from tfdtape import on_read_sources
 from tfdtape import replica_recording
 from tfdtape import resolution
+from tfdtape import scale_traps
 from tfdtape import tracing
 from tfdtape import visiting_watch
 
@@ -174,6 +175,8 @@ def make_gradient(original_gradient):
             raise
         tracing.note_totals(totals, summing)
         if tracing.active:
+            if summing:
+                scale_traps.note_totals(result)
             _report(self, recorded, sources, result, totals, one_device,
                     summing, sys._getframe(1))
         return result

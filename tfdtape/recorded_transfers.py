@@ -47,6 +47,7 @@ from tfdtape import backward_placement
 from tfdtape import compat
 from tfdtape import errors
 from tfdtape import replica_recording
+from tfdtape import scale_traps
 from tfdtape import tracing
 
 _SYMBOL = "tf.distribute.ReplicaContext.all_reduce or StrategyExtended.batch_reduce_to"
@@ -61,6 +62,8 @@ def make_reduce_to(original):
     where described above."""
 
     def reduce_to(self, reduce_op, value, destinations, options=None):
+        if tracing.active:
+            scale_traps.check_mean(reduce_op, value)
         if not (replica_recording.merging_for_spanned_replicas() and
                 _recordable(self, value)):
             return original(self, reduce_op, value, destinations, options)

@@ -44,8 +44,8 @@ PLAIN = "plain"
 REPLICA_PLAIN = "plain variable in replica context"
 ONE_DEVICE = "cross-replica gradient on one device"
 REFUSAL = "refused by tfdtape"
-"""The kinds of warning a snapshot lists, in this order (`run_report`
-explains each)."""
+"""The kinds of warning a snapshot lists, in this order, then those of
+`tfdtape.scale_traps` (`run_report` explains each)."""
 
 
 class _Variable:
@@ -150,6 +150,7 @@ class Recorder:
         self._replica_plain = {}  # entry -> [location of the first use, count]
         self._one_device = collections.Counter()  # location -> count, first seen first
         self._refusals = collections.Counter()  # (first line, location) -> count
+        self._scale_traps = collections.Counter()  # (kind, location) -> count
 
     def add_event(self, event):
         """Counts one tracing.WatchEvent under (variable, how, kind, context,
@@ -194,6 +195,12 @@ class Recorder:
         """Counts one tracing.RefusalEvent (an error tfdtape raised)."""
         with self._lock:
             self._refusals[(event.message, event.location)] += 1
+
+    def add_warning(self, event):
+        """Counts one tracing.WarningEvent (a program training at the wrong
+        scale, `tfdtape.scale_traps`)."""
+        with self._lock:
+            self._scale_traps[(event.kind, event.location)] += 1
 
     def _entry(self, row, keras):
         entry = self._variables.entry(row)
@@ -269,6 +276,10 @@ class Recorder:
             {"kind": REFUSAL, "variable": None, "id": None, "message": message,
              "location": location, "count": count}
             for (message, location), count in self._refusals.items()]
+        warnings += [
+            {"kind": kind, "variable": None, "id": None, "location": location,
+             "count": count}
+            for (kind, location), count in self._scale_traps.items()]
         return warnings
 
 

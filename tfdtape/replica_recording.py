@@ -253,6 +253,14 @@ def spanned_runs(tape):
     return tape.__dict__.get(_SPANNED_RUNS, 0)
 
 
+def spanning_tapes_record_here():
+    """Whether a tape that recorded the replicas of a strategy.run records
+    in this thread now."""
+    return (not pywrap_tfe.TFE_Py_TapeSetIsStopped() and
+            any(spanned_runs(tape) > 0 and tape._tape is not None
+                for tape, _ in _tapes_here()))
+
+
 def _tapes_to_propagate():
     """The tapes of this thread that record what a strategy.run starting now
     runs, while the thread's recording is on: those pushed in the current

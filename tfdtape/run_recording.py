@@ -105,6 +105,8 @@ class RunRecording:
                 str(error).removeprefix("tfdtape: ")) from None
         finally:
             log.disabled = quiet_before
+        from tfdtape import scale_traps
+        self._cleanup.enter_context(scale_traps.observe_average_losses())
 
 
 def _check_policy(version):

@@ -40,6 +40,10 @@ class Trace:
         """Refusals are not part of a trace (they raise where they happen)."""
         del event
 
+    def add_warning(self, event):
+        """Warnings are the run report's, not part of a trace."""
+        del event
+
     def report(self):
         """A readable table: one row per event, what was watched and where."""
         rows = [("kind", "variable", "shape", "context", "replica",

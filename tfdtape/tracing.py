@@ -124,6 +124,19 @@ class RefusalEvent:
     location: str
 
 
+@dataclasses.dataclass(frozen=True)
+class WarningEvent:
+    """Something a program does that trains silently at the wrong scale
+    (`tfdtape.scale_traps`).
+
+    Attributes:
+        kind: what it is, one of `tfdtape.scale_traps`' kinds.
+        location: "file:line" of the call in the user's code.
+    """
+    kind: str
+    location: str
+
+
 INCOMPLETE_NOTE = ("note: tfdtape was uninstalled while this was recording; "
                    "what the tapes did after that is missing")
 
@@ -237,6 +250,14 @@ def refused(error):
         for sink in _open_sinks:
             sink.add_refusal(event)
     return error
+
+
+def warn(kind, frame):
+    """Sends a WarningEvent of `kind`, located at the user's code from
+    `frame` outwards, to every open sink."""
+    event = WarningEvent(kind, call_sites.caller_location(frame))
+    for sink in _open_sinks:
+        sink.add_warning(event)
 
 
 def _replica_index(replica_context):
