@@ -9,6 +9,11 @@ tfdtape installed: the time of a training step on the same model.
 
 The matrix: MirroredStrategy over 2, 4 and 8 virtual CPUs x a Dense stack of
 8 and 128 hidden layers (18 and 258 variables) x eager and `tf.function`.
+`--model sync_bn` puts a synchronized BatchNormalization after each hidden
+Dense layer (Keras 3's `BatchNormalization(synchronized=True)`: every
+replica's batch statistics all-reduced in the forward pass; the spanning
+step differentiates those all-reduces over every replica,
+`tfdtape.replica_collectives`).
 Each sample runs in a fresh process (tracing slows with every function a
 process has traced), styles alternating; a sample times steps for about
 --seconds after a warm-up step (at least 3, at most STEPS). Reported are the
@@ -17,6 +22,7 @@ every cell.
 
 Usage: python benchmarks/spanning_step.py [--samples 3] [--replicas 2 4 8]
            [--layers 8 128] [--modes eager tf_function] [--seconds 2]
+           [--model dense|sync_bn]
 """
 
 import argparse
@@ -34,7 +40,19 @@ BATCH = 64
 WIDTH = 64
 
 
-def _child(style, replicas, mode, layers, seconds):
+MODELS = ("dense", "sync_bn")
+
+
+def _hidden(keras, model_kind):
+    """One hidden layer's layers: Dense with ReLU, or Dense, synchronized
+    BatchNormalization, ReLU."""
+    if model_kind == "dense":
+        return [keras.layers.Dense(WIDTH, activation="relu")]
+    return [keras.layers.Dense(WIDTH), keras.layers.BatchNormalization(synchronized=True),
+            keras.layers.ReLU()]
+
+
+def _child(style, replicas, mode, layers, seconds, model_kind):
     """Times steps of one style in this (fresh) process; prints JSON."""
     os.environ["TF_CPP_MIN_LOG_LEVEL"] = "3"
     import tensorflow as tf
@@ -48,7 +66,7 @@ def _child(style, replicas, mode, layers, seconds):
     with strategy.scope():
         model = keras.Sequential(
             [keras.Input((WIDTH,))] +
-            [keras.layers.Dense(WIDTH, activation="relu") for _ in range(layers)] +
+            [layer for _ in range(layers) for layer in _hidden(keras, model_kind)] +
             [keras.layers.Dense(1)])
         optimizer = keras.optimizers.SGD(0.01)
         optimizer.build(model.trainable_variables)
@@ -59,7 +77,7 @@ def _child(style, replicas, mode, layers, seconds):
     variables = model.trainable_variables
 
     def share(x, y):
-        error = model(x) - y
+        error = model(x, training=True) - y
         return tf.nn.compute_average_loss(tf.reduce_sum(error * error, axis=1),
                                           global_batch_size=BATCH)
 
@@ -93,10 +111,10 @@ def _child(style, replicas, mode, layers, seconds):
     print(json.dumps({"step": statistics.median(times)}))
 
 
-def _sample(style, replicas, mode, layers, seconds):
+def _sample(style, replicas, mode, layers, seconds, model_kind):
     completed = subprocess.run(
         [sys.executable, __file__, "--child", style, str(replicas), mode,
-         "--layers", str(layers), "--seconds", str(seconds)],
+         "--layers", str(layers), "--seconds", str(seconds), "--model", model_kind],
         capture_output=True, text=True, check=False,
         env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
     if completed.returncode != 0:
@@ -112,11 +130,12 @@ def main():
     parser.add_argument("--modes", nargs="+", choices=tuple(STEPS),
                         default=list(STEPS))
     parser.add_argument("--seconds", type=float, default=2.0)
+    parser.add_argument("--model", choices=MODELS, default="dense")
     parser.add_argument("--child", nargs=3, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         style, replicas, mode = args.child
-        _child(style, int(replicas), mode, args.layers[0], args.seconds)
+        _child(style, int(replicas), mode, args.layers[0], args.seconds, args.model)
         return
     rows = []
     for layers in args.layers:
@@ -127,7 +146,8 @@ def main():
                     order = STYLES if index % 2 == 0 else STYLES[::-1]
                     for style in order:
                         found[style].append(
-                            _sample(style, replicas, mode, layers, args.seconds))
+                            _sample(style, replicas, mode, layers, args.seconds,
+                                    args.model))
                     print(f"{layers} layers, MirroredStrategy({replicas}) {mode} "
                           f"sample {index + 1}/{args.samples}: " + "  ".join(
                               f"{s} {found[s][-1] * 1000:.2f} ms" for s in STYLES),
@@ -135,7 +155,9 @@ def main():
                 medians = {style: statistics.median(times)
                            for style, times in found.items()}
                 rows.append((layers, replicas, mode, medians))
-    print(f"Dense model, hidden layers of {WIDTH}, global batch {BATCH}, tfdtape "
+    described = ("Dense model" if args.model == "dense" else
+                 "Dense + synchronized BatchNormalization model")
+    print(f"{described}, hidden layers of {WIDTH}, global batch {BATCH}, tfdtape "
           f"installed; {args.samples} fresh processes per cell and style, median "
           "step time (ms)")
     print(f"{'layers':>6} {'strategy':22} {'mode':12} {'canonical':>10} "

@@ -174,7 +174,22 @@ class Build:
         if self.p.watch == "explicit_inside":
             self.recording_tape.watch(self.w)
         z = self.value(x)
-        return z * z
+        return z * self.across(z)
+
+    def across(self, z):
+        """What the replica multiplies z by: z, or a collective of every
+        replica's z (`generated_programs.DIMENSIONS`' `collective`)."""
+        collective = self.p.collective
+        if collective == "none":
+            return z
+        context = tf.distribute.get_replica_context()
+        if collective == "all_reduce_sum":
+            return context.all_reduce("SUM", z)
+        if collective == "all_reduce_mean":
+            return context.all_reduce("MEAN", z)
+        gathered = context.all_gather(tf.reshape(z, (1,)), axis=0)
+        inputs = tf.range(1.0, tf.cast(tf.shape(gathered)[0], tf.float32) + 1.0)
+        return tf.reduce_sum(gathered * inputs)
 
     def combined(self):
         replica_fn = (tf.function(self.replica_fn)
@@ -268,7 +283,7 @@ class Build:
                 if p.watch != "auto":
                     tape.watch(self.w)
                 z = self.value(x)
-                target = z * z
+                target = z * self.across(z)
                 if p.extra_read:
                     target += self.extra()
             results = {"gradient": tape.gradient(

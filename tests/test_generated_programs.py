@@ -109,6 +109,25 @@ def test_the_oracle_works_the_sum_over_replicas_out_on_one_device():
                                      "weights": 1.5 - 0.125 * 15.0}
 
 
+def test_the_oracle_works_the_collectives_out_on_one_device():
+    """On 2 replicas (x = 1, 2; v = 1.5): z_r times the all-reduced sum S of
+    z adds up to S² = 9 v² (gradient 27), its MEAN to 13.5, times the
+    gathered z weighted by x to S (v sum x²) = 15 v² (gradient 45). A tape
+    inside replica r gets x_r sum(x²) v + x_r² S for the gather."""
+    def program(collective, **choices):
+        return gp.Program(**dict(gp.SIMPLEST, collective=collective, **choices))
+
+    assert gp.oracle(program("all_reduce_sum"), 2) == {"gradient": 27.0}
+    assert gp.oracle(program("all_reduce_mean"), 2) == {"gradient": 13.5}
+    assert gp.oracle(program("all_gather", nested=True), 2) == {
+        "gradient": 45.0, "second_order": 30.0}
+    assert gp.oracle(program("all_gather", tape="in_replica"), 2) == {
+        "gradient": [1.5 * (5.0 + 3.0), 1.5 * (10.0 + 12.0)]}
+    assert gp.oracle(program("all_reduce_sum", tape="in_replica", step="sgd"), 2) == {
+        "gradient": [9.0, 18.0], "weights": 1.5 - 0.125 * 27.0}
+    assert gp.pinned(program("all_gather", tape="direct")).collective == "none"
+
+
 @pytest.mark.parametrize("stock, found, alone, outcome", [
     ({"gradient": 1.0}, {"gradient": 3.0}, {"gradient": 3.0}, "right"),
     ({"gradient": 3.0}, {"gradient": 1.0}, {"gradient": 1.0}, "worse_than_stock"),
@@ -120,6 +139,8 @@ def test_the_oracle_works_the_sum_over_replicas_out_on_one_device():
      {"type": "KeyError", "error": "x"}, "stock_fails_alike"),
     (None, {"type": "KeyError", "error": "x"}, {"type": "KeyError", "error": "x"},
      "unclear_error"),
+    (None, {"type": "KeyError", "error": "x", "noted": True},
+     {"type": "KeyError", "error": "x", "noted": True}, "clear_error"),
     (None, {"gradient": 3.0}, {"gradient": 1.0}, "alone_differs"),
 ])
 def test_outcomes_are_classified(stock, found, alone, outcome):
@@ -144,8 +165,9 @@ def test_errors_are_described_by_the_line_that_says_what_failed():
     note = ("tfdtape: this tape recorded the replicas of a strategy.run, and "
             "their backward pass runs here")
     assert gp.describe(ValueError(f"in user code:\n  File x\n  Boom 0x7f3a\n{note}")) == {
-        "type": "ValueError", "error": note}
+        "type": "ValueError", "error": "Boom 0x?", "noted": True}
     assert gp.describe(ValueError("in user code:\n\n    LookupError: op_12 failed")) == {
-        "type": "ValueError", "error": "LookupError: op_? failed"}
+        "type": "ValueError", "error": "LookupError: op_? failed", "noted": False}
     assert gp.describe(RuntimeError("[tfdtape: no (x): y.] [Op:__inference_f_155]")) == {
-        "type": "RuntimeError", "error": "tfdtape: no (x): y.] [Op:__inference_f_?]"}
+        "type": "RuntimeError", "error": "tfdtape: no (x): y.] [Op:__inference_f_?]",
+        "noted": False}

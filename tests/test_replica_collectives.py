@@ -15,7 +15,6 @@ import tensorflow as tf
 
 from conftest import DEVICES
 from keras_models import is_keras3
-from tfdtape import replica_recording
 from tfdtape.testing import PATCHED_CONFIGURATIONS
 
 REPLICAS = len(DEVICES)
@@ -350,8 +349,9 @@ def test_an_all_reduce_under_a_tape_inside_the_replica_too_says_where_the_tape_g
         strategy, configuration, mode):
     """With a tape opened inside the replica function as well, the
     all-reduce keeps TensorFlow's gradient, which needs the replica
-    context: the tape around the run raises TensorFlow's error with
-    tfdtape's note (stock: None, its tape recorded no replica)."""
+    context: the tape around the run raises where that gradient runs,
+    saying why (TensorFlow: "Mismatching tf.distribute.Strategy objects";
+    stock: None, its tape recorded no replica)."""
     inputs = placed(strategy, lambda r: np.full((2,), float(r), np.float32))
 
     def gradients():
@@ -369,9 +369,10 @@ def test_an_all_reduce_under_a_tape_inside_the_replica_too_says_where_the_tape_g
     if configuration not in PATCHED_CONFIGURATIONS:
         assert STEPS[mode](gradients)() == [None] * REPLICAS
         return
-    with pytest.raises(RuntimeError, match="Mismatching tf.distribute.Strategy") as raised:
+    with pytest.raises(RuntimeError, match="tfdtape: cannot run a collective "
+                       "outside the replica it belongs to") as raised:
         STEPS[mode](gradients)()
-    assert replica_recording.BACKWARD_NOTE in str(raised.value)
+    assert "while a tape inside the replica function records too" in str(raised.value)
 
 
 # Regressions found by the review of the change.
@@ -540,3 +541,91 @@ def test_an_all_reduce_of_indexed_slices_is_refused_where_differentiated(
         with pytest.raises(ValueError, match="cannot differentiate an all-reduce "
                            "of IndexedSlices"):
             STEPS[mode](lambda: step(True))()
+
+
+# Regressions found by the generated programs' collective dimension.
+
+def test_an_eager_tape_around_a_tf_function_with_collectives_says_where_the_tape_goes(
+        strategy, configuration):
+    """An eager tape records the tf.function as one call, and TensorFlow
+    builds its backward with the all-reduce's own gradient, outside the
+    replica: tfdtape's RuntimeError says so (TensorFlow's: "Need to be
+    inside `call_for_each_replica()`"). Stock: the handle error first."""
+    with strategy.scope():
+        v = tf.Variable(V0)
+    inputs = per_replica_x(strategy)
+
+    @tf.function
+    def loss_of_the_replicas():
+        return strategy.reduce("SUM", strategy.run(
+            replica_loss, args=(inputs, v, "SUM")), axis=None)
+
+    with strategy.scope(), tf.GradientTape() as tape:
+        if configuration not in PATCHED_CONFIGURATIONS:
+            tape.watch(inputs.values)  # stock refuses to watch v itself here
+            with pytest.raises(RuntimeError, match="Need to be inside"):
+                loss_of_the_replicas()
+            return
+        tape.watch(v)
+        with pytest.raises(RuntimeError, match="tfdtape: cannot run a collective "
+                           "outside the replica it belongs to") as raised:
+            loss_of_the_replicas()
+    assert "an eager tape around a tf.function" in str(raised.value)
+
+
+@pytest.mark.parametrize("collective", ["all_reduce", "all_gather"])
+def test_a_tape_around_a_one_device_run_with_collectives_gets_their_gradient(
+        configuration, collective):
+    """OneDeviceStrategy runs its replica in the calling thread: the tape
+    around it records TensorFlow's collective, whose gradient then runs
+    outside the replica (TensorFlow: "Mismatching tf.distribute.Strategy
+    objects"). Of one replica, the all-reduce and the gather hand the value
+    back: y = x v, loss = sum(y² x), d/dv = 2 y x² = [2, -4]."""
+    strategy = tf.distribute.OneDeviceStrategy(DEVICES[0])
+    v = tf.Variable(V0)
+
+    def share(x):
+        context = tf.distribute.get_replica_context()
+        y = (context.all_reduce("SUM", x * v) if collective == "all_reduce"
+             else context.all_gather(x * v, axis=0))
+        return tf.reduce_sum(y * y * x)
+
+    with tf.GradientTape() as tape:
+        loss = strategy.run(share, args=(tf.constant(replica_x(0)),))
+    if configuration not in PATCHED_CONFIGURATIONS:
+        with pytest.raises(RuntimeError, match="Mismatching tf.distribute.Strategy"):
+            tape.gradient(loss, v)
+        return
+    np.testing.assert_array_equal(tape.gradient(loss, v).numpy(), [2.0, -4.0])
+
+
+def test_a_gather_inside_a_tf_cond_branch_is_refused_where_it_runs(
+        strategy, configuration):
+    """TensorFlow differentiates a tf.cond branch from its graph, where the
+    gather's CollectiveGatherV2 has no gradient: tfdtape refuses when the
+    branch is built (TensorFlow raised its LookupError there). Stock: the
+    handle error at the gradient."""
+    with strategy.scope():
+        v = tf.Variable(V0)
+    inputs = per_replica_x(strategy)
+
+    def share(x):
+        gathered = tf.distribute.get_replica_context().all_gather(x * v, axis=0)
+        return tf.reduce_sum(gathered * gathered)
+
+    @tf.function
+    def step():
+        with tf.GradientTape() as tape:
+            loss = tf.cond(tf.constant(True), lambda: strategy.reduce(
+                "SUM", strategy.run(share, args=(inputs,)), axis=None), lambda: 0.0)
+        return tape.gradient(loss, v)
+
+    with strategy.scope():
+        if configuration not in PATCHED_CONFIGURATIONS:
+            with pytest.raises(ValueError, match="handle is not available"):
+                step()
+            return
+        with pytest.raises(ValueError, match="tfdtape: cannot differentiate a "
+                           "collective inside a tf.cond branch or loop body") as raised:
+            step()
+    assert "CollectiveGatherV2 has no gradient" in str(raised.value)

@@ -41,11 +41,11 @@ from tensorflow.python.framework import device_spec
 from tensorflow.python.framework import indexed_slices
 from tensorflow.python.framework import ops
 from tensorflow.python.ops import array_ops
-from tensorflow.python.ops import control_flow_v2_func_graphs
 from tensorflow.python.ops import math_ops
 from tensorflow.python.util import nest
 
 from tfdtape import compat
+from tfdtape import replica_recording
 
 # Kept across importlib.reload: totals handed out stay known.
 _copies = globals().get("_copies", {})
@@ -130,8 +130,7 @@ def _may_reduce_here(strategy):
     if context.executing_eagerly():
         return True
     graph = ops.get_default_graph()
-    return not (isinstance(graph, control_flow_v2_func_graphs.ControlFlowFuncGraph) or
-                graph._get_control_flow_context() is not None or
+    return not (replica_recording.in_control_flow_body(graph) or
                 _PFOR_BODY_SCOPE in ops.get_name_scope().split("/"))
 
 

@@ -38,6 +38,7 @@ raises a `ValueError` saying so.
 
 from tensorflow.python.distribute import reduce_util
 from tensorflow.python.distribute import values
+from tensorflow.python.eager import context
 from tensorflow.python.framework import indexed_slices
 from tensorflow.python.framework import ops
 from tensorflow.python.ops import array_ops
@@ -51,6 +52,7 @@ from tfdtape import scale_traps
 from tfdtape import tracing
 
 _SYMBOL = "tf.distribute.ReplicaContext.all_reduce or StrategyExtended.batch_reduce_to"
+_GATHER_SYMBOL = "tf.distribute.ReplicaContext.all_gather or Strategy.gather"
 
 REDUCTION = "tfdtape_cross_replica_reduction"
 GATHER = "tfdtape_cross_replica_gather"
@@ -67,8 +69,8 @@ def make_reduce_to(original):
         if not (replica_recording.merging_for_spanned_replicas() and
                 _recordable(self, value)):
             return original(self, reduce_op, value, destinations, options)
-        with compat.stop_recording():
-            reduced = original(self, reduce_op, value, destinations, options)
+        reduced = _unrecorded(lambda: original(self, reduce_op, value, destinations,
+                                               options), _SYMBOL)
         _record_reduction(self, reduce_op, value, reduced)
         return reduced
 
@@ -87,8 +89,7 @@ def make_batch_reduce_to(original):
                 _recordable(self, value, indexed_slices.IndexedSlices)
                 for value, _ in pairs)):
             return original(self, reduce_op, pairs, options)
-        with compat.stop_recording():
-            reduced = original(self, reduce_op, pairs, options)
+        reduced = _unrecorded(lambda: original(self, reduce_op, pairs, options), _SYMBOL)
         for (value, _), result in zip(pairs, reduced):
             if _recordable(self, value):
                 _record_reduction(self, reduce_op, value, result)
@@ -107,8 +108,8 @@ def make_gather_to(original):
     def _gather_to(self, value, destinations, axis, options=None):
         if not (_transfers_record_here() and _recordable(self, value)):
             return original(self, value, destinations, axis, options)
-        with compat.stop_recording():
-            gathered = original(self, value, destinations, axis, options)
+        gathered = _unrecorded(lambda: original(self, value, destinations, axis, options),
+                               _GATHER_SYMBOL)
         components = self._local_results(value)
         for result in self._local_results(gathered):
             compat.recording_module.record_operation(
@@ -117,6 +118,39 @@ def make_gather_to(original):
 
     _gather_to.__doc__ = original.__doc__
     return _gather_to
+
+
+def _unrecorded(transfer, symbol):
+    """What `transfer()` returns, run with no tape recording.
+
+    Raises:
+        ValueError: in a control-flow body (a `tf.cond` branch, a loop body)
+            the transfer made collective ops: TensorFlow builds the gradient
+            of the body from its graph, where they have none (a
+            `LookupError` otherwise).
+    """
+    graph = ops.get_default_graph()
+    inside_body = (not context.executing_eagerly() and
+                   replica_recording.in_control_flow_body(graph))
+    before = len(graph.get_operations()) if inside_body else 0
+    with compat.stop_recording():
+        result = transfer()
+    if inside_body:
+        collectives = sorted({op.type for op in graph.get_operations()[before:]
+                              if op.type.startswith(("Collective", "Nccl"))})
+        if collectives:
+            raise tracing.refused(ValueError(errors.message(
+                "cannot differentiate a collective inside a tf.cond branch or "
+                "loop body", symbol,
+                "strategy.run outside control flow when a tape around it "
+                "differentiates what the replicas communicate",
+                f"strategy.run inside a control-flow body, whose gradient "
+                f"TensorFlow builds from the body's graph, where "
+                f"{', '.join(collectives)} has no gradient",
+                "Call strategy.run outside the tf.cond or loop (choose between "
+                "its results instead), or open the tape inside the function "
+                "you pass to strategy.run")))
+    return result
 
 
 def _transfers_record_here():

@@ -36,7 +36,10 @@ from tensorflow.python.framework import indexed_slices
 from tensorflow.python.framework import ops
 from tensorflow.python.util import nest
 
+from tfdtape import compat
+from tfdtape import errors
 from tfdtape import replica_recording
+from tfdtape import tracing
 
 _ALL_REDUCE = "tf.distribute.ReplicaContext.all_reduce"
 _ALL_GATHER = "tf.distribute.ReplicaContext.all_gather"
@@ -49,6 +52,8 @@ def make_all_reduce(original):
 
     def all_reduce(self, reduce_op, value, options=None):
         replica_recording.check_not_differentiating_replicas(self, _ALL_REDUCE)
+        if not _in_its_replica(self, _ALL_REDUCE):
+            return value  # The sum, and the mean, of one replica's value.
         if not _transfers_in_the_calling_thread(self, value):
             return original(self, reduce_op, value, options)
         options = options or collective_util.Options()
@@ -70,6 +75,8 @@ def make_all_gather(original):
 
     def all_gather(self, value, axis, options=None):
         replica_recording.check_not_differentiating_replicas(self, _ALL_GATHER)
+        if not _in_its_replica(self, _ALL_GATHER):
+            return value  # The gather of one replica's value.
         if not _transfers_in_the_calling_thread(self, value):
             return original(self, value, axis, options)
         options = options or collective_util.Options()
@@ -82,6 +89,37 @@ def make_all_gather(original):
 
     all_gather.__doc__ = original.__doc__
     return all_gather
+
+
+def _in_its_replica(replica_context, symbol):
+    """True if `replica_context` is the current one; False where it is not
+    but its strategy has one replica, whose collectives hand a value back
+    as it is.
+
+    A call outside its replica is, almost always, TensorFlow's gradient of
+    a collective run by a tape that differentiates it from outside the
+    replica; TensorFlow refuses it ("Need to be inside
+    call_for_each_replica()", "Mismatching ReplicaContext").
+
+    Raises:
+        RuntimeError (TensorFlow's type): outside its replica, under a
+            strategy of several replicas.
+    """
+    if compat.strategy_context.get_replica_context() is replica_context:
+        return True
+    if replica_context._strategy.num_replicas_in_sync == 1:
+        return False
+    raise tracing.refused(RuntimeError(errors.message(
+        "cannot run a collective outside the replica it belongs to", symbol,
+        "a call inside the function passed to strategy.run",
+        "a call outside it, as TensorFlow's gradient of a collective makes "
+        "when a tape outside the replicas differentiates it (a tape around "
+        "strategy.run while a tape inside the replica function records too, "
+        "an eager tape around a tf.function that runs strategy.run)",
+        "Differentiate the replicas with one tape: inside the function you "
+        "pass to strategy.run, or around strategy.run (on MirroredStrategy; "
+        "inside the tf.function), where tfdtape differentiates collectives "
+        "over every replica")))
 
 
 def _transfers_in_the_calling_thread(replica_context, value):

@@ -60,13 +60,15 @@ BACKWARD_NOTE = (
 `is_cross_replica_backward_error` recognises."""
 
 _CROSS_REPLICA_SIGNS = ("call_for_each_replica", "merge_call", "replica context",
-                        "Mismatching tf.distribute.Strategy", "Collective", "Nccl",
+                        "Mismatching tf.distribute.Strategy", "Mismatching ReplicaContext",
+                        "Collective", "Nccl",
                         "attribute 'all_reduce'", "attribute 'all_gather'")
 """Words of TensorFlow's errors for a collective or merge_call differentiated
 outside the replicas: replica-context checks (`merge_call` needs to be inside
 `call_for_each_replica()`; outside any strategy, the default strategy's
 context is not the run's; in cross-replica context there is no replica
-context to call `all_reduce` on), and collective ops with no gradient."""
+context to call `all_reduce` on; another replica context than the one the
+collective ran in), and collective ops with no gradient."""
 
 
 def is_cross_replica_backward_error(error):
@@ -274,6 +276,14 @@ def _tapes_to_propagate():
     return [tape for tape, pushed_in in tapes
             if any(pushed_in is graph for graph in graphs) and
             tape._tape is not None]
+
+
+def in_control_flow_body(graph):
+    """Whether `graph` is a control-flow body (a `tf.cond` branch, a
+    `tf.while_loop` body; v2 or v1), which TensorFlow differentiates from
+    its graph, not from what tapes record."""
+    return (isinstance(graph, control_flow_v2_func_graphs.ControlFlowFuncGraph) or
+            graph._get_control_flow_context() is not None)
 
 
 def _recording_graphs(graph):
