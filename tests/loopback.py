@@ -1,7 +1,16 @@
-"""Free loopback ports for the multi-process tests."""
+"""Worker processes on loopback for the multi-process tests: free ports,
+and a cluster run with a hard time limit."""
 
 import contextlib
+import json
+import os
+import pathlib
 import socket
+import subprocess
+import sys
+import time
+
+TESTS = pathlib.Path(__file__).parent
 
 
 def free_ports(count):
@@ -15,3 +24,54 @@ def free_ports(count):
         for sock in sockets:
             sock.bind(("127.0.0.1", 0))
         return [sock.getsockname()[1] for sock in sockets]
+
+
+def worker_configs(count):
+    """TF_CONFIG of each worker of a `count`-worker cluster on fresh ports."""
+    ports = free_ports(count)
+    cluster = {"worker": [f"127.0.0.1:{port}" for port in ports]}
+    return [{"cluster": cluster, "task": {"type": "worker", "index": index}}
+            for index in range(count)]
+
+
+def run_processes(tf_configs, arguments, time_limit, env=None):
+    """Runs `python ARGUMENTS...` once per TF_CONFIG (None: no cluster), all
+    at once, with tests/ on PYTHONPATH; returns the JSON each printed last,
+    in order.
+
+    Every process is killed once `time_limit` seconds have passed since the
+    start (a cluster whose workers wait on each other would hang), and then,
+    or if one fails, the call fails with what they wrote on stderr.
+    """
+    processes = []
+    deadline = time.monotonic() + time_limit
+    try:
+        for tf_config in tf_configs:
+            environment = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", **(env or {}),
+                               PYTHONPATH=os.pathsep.join(
+                                   [str(TESTS), os.environ.get("PYTHONPATH", "")]))
+            environment.pop("TF_CONFIG", None)
+            if tf_config is not None:
+                environment["TF_CONFIG"] = json.dumps(tf_config)
+            processes.append(subprocess.Popen(
+                [sys.executable, *arguments], env=environment,
+                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+        outputs = []
+        for process in processes:
+            try:
+                outputs.append(process.communicate(
+                    timeout=max(1.0, deadline - time.monotonic())))
+            except subprocess.TimeoutExpired:
+                for other in processes:
+                    other.kill()
+                raise AssertionError(
+                    f"the cluster ran past its time limit of {time_limit} s: "
+                    "every worker was killed") from None
+        for process, (_, err) in zip(processes, outputs):
+            assert process.returncode == 0, err[-3000:]
+        return [json.loads(out.strip().splitlines()[-1]) for out, _ in outputs]
+    finally:
+        for process in processes:
+            if process.poll() is None:
+                process.kill()
+                process.wait()

@@ -1,60 +1,119 @@
-"""One worker of a two-worker MultiWorkerMirroredStrategy cluster that tries
-the spanning step (a tape around strategy.run, applied outside it); prints
-what each attempt raised as JSON.
+"""One worker of a MultiWorkerMirroredStrategy cluster (TF_CONFIG set):
+trains each case of `worker_training` for its steps, in order, and prints
+one JSON line: the task and, per case, the weights (as floats and as the
+hex of their float32 bytes, for bitwise comparison between workers) and
+whether each gradient came back None, or the error the case raised.
 
-Run by tests/test_multi_worker.py, one fresh process per worker.
+    python multi_worker_spanning_process.py CASES_JSON [--stock]
+
+--stock runs without tfdtape (TFDTAPE_AUTOINSTALL=0 is set by the caller):
+the control. Run by tests/test_multi_worker_spanning.py, one fresh process
+per worker, all workers with the same cases (the collectives of every
+worker must match, in order).
 """
 
+import contextlib
 import json
 import os
 import sys
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
+import numpy as np
 import tensorflow as tf
 
-import tfdtape  # noqa: F401 (installs tfdtape)
+import worker_training as wt
+
+STOCK = "--stock" in sys.argv
+if not STOCK:
+    import tfdtape  # noqa: F401 (installs tfdtape)
 
 
-def attempt(call):
-    """(type name, first line of the message) of what `call` raised, or
-    ("returned", repr of the result)."""
+def replica_batches(strategy, task):
+    """Each replica's rows of the global batch, by its global replica id
+    (this worker's replicas follow those of the workers before it)."""
+    local = len(strategy.extended.worker_devices)
+    per = wt.GLOBAL_BATCH // strategy.num_replicas_in_sync
+
+    def rows(context, data):
+        replica = task * local + context.replica_id_in_sync_group % local
+        return data[replica * per:(replica + 1) * per]
+
+    return (strategy.experimental_distribute_values_from_function(
+                lambda context: rows(context, wt.FEATURES)),
+            strategy.experimental_distribute_values_from_function(
+                lambda context: rows(context, wt.LABELS)))
+
+
+def run_case(strategy, task, case):
+    with strategy.scope():
+        model, variables, optimizer = wt.build(case)
+    features, labels = replica_batches(strategy, task)
+    nones = []
+
+    def share(x, y):
+        error = model(x) - y
+        per_example = tf.reduce_sum(error * error, axis=1)
+        if case["target"] == "mean":
+            return tf.reduce_mean(per_example)
+        return tf.nn.compute_average_loss(per_example, global_batch_size=wt.GLOBAL_BATCH)
+
+    def spanning():
+        outer = tf.GradientTape() if case.get("nested") else contextlib.nullcontext()
+        with outer:  # A second tape records the gradient (second order).
+            with tf.GradientTape() as tape:
+                per_replica = strategy.run(share, args=(features, labels))
+                local = tf.add_n(strategy.experimental_local_results(per_replica))
+                if case["target"] == "local_sum":
+                    loss = local
+                else:
+                    loss = strategy.reduce(case["target"].upper(), per_replica, axis=None)
+                if case.get("l2") == "varying":
+                    loss += tf.stop_gradient(local) * wt.l2_term(model)
+                elif case.get("l2"):
+                    loss += wt.l2_term(model)
+            gradients = wt.transformed(case, tape.gradient(loss, variables), local)
+        nones.append([g is None for g in gradients])
+        optimizer.apply_gradients(zip(gradients, variables))
+
+    def tutorial():
+        def replica_step(x, y):
+            with tf.GradientTape() as tape:
+                loss = share(x, y)
+            gradients = tape.gradient(loss, variables)
+            optimizer.apply_gradients(zip(gradients, variables))
+        strategy.run(replica_step, args=(features, labels))
+
+    step = spanning if case["loop"] == "spanning" else tutorial
+    if case["mode"] == "tf_function":
+        step = tf.function(step)
     try:
-        result = call()
+        for _ in range(wt.STEPS):
+            if case["scope"]:
+                with strategy.scope():
+                    step()
+            else:
+                step()
     except Exception as error:
-        return type(error).__name__, str(error)
-    return "returned", repr(result)
+        text = str(error)
+        return {"error": type(error).__name__,
+                "message": next((line.strip() for line in text.splitlines()
+                                 if "tfdtape: " in line), text.strip().splitlines()[-1]
+                                if text.strip() else "")}
+    weights = [np.asarray(v.numpy(), np.float32) for v in variables]
+    return {"weights": [w.tolist() for w in weights],
+            "bytes": [w.tobytes().hex() for w in weights],
+            "none_gradients": nones[-1] if nones else None}
 
 
 def main():
+    cases = json.loads(sys.argv[1])
+    task = json.loads(os.environ["TF_CONFIG"])["task"]["index"]
     strategy = tf.distribute.MultiWorkerMirroredStrategy()
-    with strategy.scope():
-        v = tf.Variable(2.0, name="w")
-        optimizer = tf.keras.optimizers.SGD(0.1)
-        optimizer.build([v])
-
-    def spanning_tape():
-        with tf.GradientTape() as tape:
-            loss = strategy.reduce("SUM", strategy.run(lambda: v * v), axis=None)
-        return tape, loss
-
-    with strategy.scope():
-        tape, loss = spanning_tape()
-        in_scope = attempt(lambda: tape.gradient(loss, v))
-        # Keras 2 all-reduces in apply_gradients unless told not to.
-        options = ({"skip_gradients_aggregation": True}
-                   if isinstance(optimizer.iterations, tf.Variable) else {})
-        apply = attempt(lambda: optimizer.apply_gradients(
-            [(tf.constant(1.0), v)], **options))
-    tape, loss = spanning_tape()
-    no_scope = attempt(lambda: tape.gradient(loss, v))
-    print(json.dumps({
-        "task": json.loads(os.environ["TF_CONFIG"])["task"]["index"],
-        "gradient_in_scope": in_scope,
-        "gradient_no_scope": no_scope,
-        "apply_in_scope": apply,
-        "v": [float(c) for c in strategy.experimental_local_results(v)],
-    }))
+    results = [run_case(strategy, task, case) for case in cases]
+    print(json.dumps({"task": task, "workers": strategy.extended._num_workers,
+                      "replicas": strategy.num_replicas_in_sync,
+                      "results": results}))
     return 0
 
 

@@ -7,14 +7,10 @@ third process: its collective groups would clash with this process's
 """
 
 import json
-import os
 import pathlib
-import subprocess
-import sys
 
 import numpy as np
 import pytest
-import tensorflow as tf
 
 import loopback
 
@@ -28,33 +24,10 @@ TIMEOUT_SECONDS = 240
 
 
 def run_processes(tf_configs, runner=(), script="multi_worker_process.py"):
-    """Runs `script` (multi_worker_process.py) once per TF_CONFIG (None: no
-    cluster), all at once, each as `python RUNNER... SCRIPT`; waits, always
-    cleans up; returns their JSON results in order."""
-    processes = []
-    try:
-        for tf_config in tf_configs:
-            env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3",
-                       PYTHONPATH=os.pathsep.join(
-                           [str(TESTS), os.environ.get("PYTHONPATH", "")]))
-            env.pop("TF_CONFIG", None)
-            if tf_config is not None:
-                env["TF_CONFIG"] = json.dumps(tf_config)
-            processes.append(subprocess.Popen(
-                [sys.executable, *runner, str(TESTS / script)],
-                env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                text=True))
-        results = []
-        for process in processes:
-            out, err = process.communicate(timeout=TIMEOUT_SECONDS)
-            assert process.returncode == 0, err[-3000:]
-            results.append(json.loads(out.strip().splitlines()[-1]))
-        return results
-    finally:
-        for process in processes:
-            if process.poll() is None:
-                process.kill()
-                process.wait()
+    """Runs `script` once per TF_CONFIG (None: no cluster) as `python
+    RUNNER... SCRIPT`; returns their JSON results in order."""
+    return loopback.run_processes(tf_configs, [*runner, str(TESTS / script)],
+                                  TIMEOUT_SECONDS)
 
 
 def test_two_workers_train_like_one_process_with_two_replicas():
@@ -95,34 +68,3 @@ def test_each_worker_writes_its_own_run_report(tmp_path):
         reads = [w for w in report["watched"] if w["kind"] == "access"]
         assert reads and {w["how"] for w in reads} == {"container"}
         assert {w["strategy"] for w in reads} == {"CollectiveAllReduceStrategy"}
-
-
-def test_the_spanning_step_is_refused_on_several_workers():
-    """A gradient outside strategy.run covers this worker's replicas only,
-    and applying one there would let the workers drift apart: both are
-    refused with MultiWorkerMirroredStrategy and strategy.run named, and
-    every worker keeps the same weights."""
-    ports = loopback.free_ports(WORKERS)
-    cluster = {"worker": [f"127.0.0.1:{port}" for port in ports]}
-    workers = run_processes(
-        [{"cluster": cluster, "task": {"type": "worker", "index": index}}
-         for index in range(WORKERS)], script="multi_worker_spanning_process.py")
-    assert [r["task"] for r in workers] == [0, 1]
-    version = f"in TensorFlow {tf.__version__}."
-    for result in workers:
-        for key, what, symbol in (
-                ("gradient_in_scope", "cannot take the total derivative for 'w:0'",
-                 "tf.GradientTape.gradient"),
-                ("gradient_no_scope", "cannot take the total derivative for 'w:0'",
-                 "tf.GradientTape.gradient"),
-                ("apply_in_scope", "cannot apply gradients",
-                 "tf.__internal__.distribute.interim.maybe_merge_call")):
-            kind, message = result[key]
-            assert kind == "ValueError", (key, message)
-            assert message.startswith(
-                f"tfdtape: {what} outside strategy.run under several workers "
-                f"({symbol}): expected a call inside strategy.run"), message
-            assert ("CollectiveAllReduceStrategy in multi-worker mode "
-                    "(MultiWorkerMirroredStrategy)") in message
-            assert version in message
-        assert result["v"] == [2.0]

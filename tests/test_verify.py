@@ -331,7 +331,7 @@ def break_distributed_source_detection(monkeypatch, strategy):
 
 def break_replica_recording(monkeypatch, strategy):
     from tfdtape import replica_recording
-    monkeypatch.setattr(replica_recording, "_tapes_to_propagate", lambda: [])
+    monkeypatch.setattr(replica_recording, "recording_tapes_here", lambda: [])
     return strategy
 
 

@@ -15,6 +15,8 @@
   time.
 - `Tensor` is in `framework/tensor.py` where that module exists, in
   `framework/ops.py` before (2.12).
+- `stack` (`tf.stack`) is in `ops/array_ops_stack.py` from 2.13, in
+  `ops/array_ops.py` in 2.12.
 """
 
 from tensorflow.python.distribute import distribute_lib
@@ -49,3 +51,9 @@ try:
 except ImportError:  # TensorFlow 2.12
     from tensorflow.python.framework.ops import Tensor  # noqa: F401 (the export)
 """`tf.Tensor`, graph and eager."""
+
+try:
+    from tensorflow.python.ops.array_ops_stack import stack
+except ImportError:  # TensorFlow 2.12
+    from tensorflow.python.ops.array_ops import stack  # noqa: F401 (the export)
+"""`tf.stack`."""

@@ -156,7 +156,7 @@ def reduce(pairs):
             [(values_lib.PerReplica(tuple(gradients)), variable)
              for _, variable, gradients in items])
         for (index, _, _), value in zip(items, mirrored):
-            totals[index] = _here(value)
+            totals[index] = here(value)
     return totals
 
 
@@ -177,10 +177,14 @@ def _memo():
 _GRAPH_MEMO = "_tfdtape_reduced_totals"
 
 
-def _here(mirrored):
+def here(mirrored):
     """The copy of a Mirrored total on the current device, else the first;
     the others are remembered for the apply, for as long as that copy lives
-    (the entry holds it weakly, the others in its place)."""
+    (the entry holds it weakly, the others in its place). A total of one
+    device (what a reduction gives where it has one destination) is its own
+    copy."""
+    if not isinstance(mirrored, values_lib.DistributedValues):
+        mirrored = values_lib.Mirrored((mirrored,))
     total = mirrored._get_on_device_or_primary()
     memo = _memo()
     key = id(total)
@@ -191,6 +195,15 @@ def _here(mirrored):
     others = tuple(None if value is total else value for value in mirrored.values)
     memo[key] = (reference, others)
     return total
+
+
+def is_total(value):
+    """Whether `value` is a total `reduce` handed out (here: eagerly, or in
+    the current graph) that is still alive."""
+    memo = (_copies if context.executing_eagerly()
+            else getattr(ops.get_default_graph(), _GRAPH_MEMO, None))
+    found = memo.get(id(value)) if memo else None
+    return found is not None and found[0]() is value
 
 
 def per_device(structure):

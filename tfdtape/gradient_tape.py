@@ -37,16 +37,17 @@ from tfdtape import backward_placement
 from tfdtape import call_sites
 from tfdtape import compat
 from tfdtape import component_totals
+from tfdtape import cross_replica_reads
 from tfdtape import errors
 from tfdtape import explaining
 from tfdtape import keras_variables
-from tfdtape import merge_calls
 from tfdtape import on_read_sources
 from tfdtape import replica_recording
 from tfdtape import resolution
 from tfdtape import scale_traps
 from tfdtape import tracing
 from tfdtape import visiting_watch
+from tfdtape import worker_totals
 
 _WATCH_SYMBOL = "tf.GradientTape.watch"
 _GRADIENT_SYMBOL = "tf.GradientTape.gradient"
@@ -149,11 +150,13 @@ def make_gradient(original_gradient):
     An ON_READ source outside any strategy gets the derivative with
     respect to its aggregate where it has one (`tfdtape.on_read_sources`).
 
+    A source of a strategy of several workers (MultiWorkerMirroredStrategy)
+    gets the total across the workers (`tfdtape.worker_totals`).
+
     Raises:
         ValueError: such a source is ON_READ in cross-replica context, or
-            outside any strategy with no one derivative; or it belongs to a
-            strategy of several workers
-            (`tfdtape.merge_calls.check_single_worker`).
+            outside any strategy with no one derivative; or its total
+            across workers cannot be exact (`tfdtape.worker_totals`).
     """
 
     @functools.wraps(original_gradient)
@@ -213,18 +216,32 @@ def _differentiate(original_gradient, tape, target, sources, output_gradients,
     flat_variables = [keras_variables.unwrap(source, _GRADIENT_SYMBOL)
                       for source in flat_sources]
     components, spans = _split_distributed_sources(flat_variables, cross_replica)
+    across_workers = [variable for variable in flat_variables
+                      if _across_workers(variable)]
+    anchors = {}  # id(variable) -> the anchor its reads outside the replicas came through
+    if across_workers:
+        worker_totals.check_may_reduce(tape, across_workers)
+        for variable in across_workers:
+            anchor = cross_replica_reads.anchor_of(tape, variable)
+            if anchor is not None:
+                anchors[id(variable)] = anchor
     # With no strategy, zeros for what is unconnected are filled in as
     # TensorFlow fills them, after the sum: a zero for an unconnected
     # component would count as taking part, and turn TensorFlow's own
     # gradient of the first component into a sum (-0.0 into +0.0,
-    # IndexedSlices into a dense tensor).
-    fill_zeros = not cross_replica and _asks_for_zeros(unconnected_gradients)
+    # IndexedSlices into a dense tensor); across workers, after the
+    # all-reduce, which decides what took part on any worker.
+    fill_zeros = ((not cross_replica or across_workers) and
+                  _asks_for_zeros(unconnected_gradients))
     flat_gradients = original_gradient(
-        tape, target, components, output_gradients=output_gradients,
+        tape, target, components + list(anchors.values()),
+        output_gradients=output_gradients,
         unconnected_gradients=(UnconnectedGradients.NONE if fill_zeros
                                else unconnected_gradients))
+    outside = dict(zip(anchors, flat_gradients[len(components):]))
     totals = _totals(flat_variables, [flat_gradients[start:stop]
-                                      for start, stop in spans], cross_replica)
+                                      for start, stop in spans], cross_replica,
+                     outside)
     if fill_zeros:
         totals = [default_gradient.zeros_like(variable) if total is None else total
                   for variable, total in zip(flat_variables, totals)]
@@ -343,6 +360,8 @@ def make_push_tape(original_push_tape):
     def _push_tape(self):
         is_new = self._tape is None
         original_push_tape(self)
+        if is_new:
+            cross_replica_reads.forget(self)
         replica_recording.tape_pushed(self, is_new)
 
     return _push_tape
@@ -379,8 +398,7 @@ def _split_distributed_sources(flat_sources, cross_replica):
     Raises:
         ValueError: in cross-replica context, a source is an ON_READ
             (SyncOnRead) variable, whose components do not add up to one
-            value; or a source is a variable of a strategy of several workers
-            (the total would cover this worker's replicas only).
+            value.
     """
     current = compat.strategy_context.get_strategy() if cross_replica else None
     components, spans = [], []
@@ -392,9 +410,6 @@ def _split_distributed_sources(flat_sources, cross_replica):
                     source, on_read_sources.CROSS_REPLICA,
                     "whose replicas hold different values")
             strategy = current or source.distribute_strategy
-            merge_calls.check_single_worker(
-                strategy, _GRADIENT_SYMBOL,
-                f"cannot take the total derivative for {source.name!r}")
             components.extend(strategy.experimental_local_results(source))
         else:
             components.append(source)
@@ -402,17 +417,30 @@ def _split_distributed_sources(flat_sources, cross_replica):
     return components, spans
 
 
-def _totals(variables, gradients, cross_replica):
+def _across_workers(variable):
+    """Whether `variable` is a distributed variable of a strategy of several
+    workers (its gradient is all-reduced across them)."""
+    return (resolution.is_distributed_variable(variable) and
+            cross_replica_reads.in_multi_worker_mode(variable.distribute_strategy))
+
+
+def _totals(variables, gradients, cross_replica, outside):
     """Each source's gradient from its components' `gradients`: the total
     over them (through the strategy's reduction where
-    `tfdtape.component_totals` can), or outside any strategy for an ON_READ
-    variable the derivative of its aggregate (in cross-replica context such
-    a source was refused before)."""
+    `tfdtape.component_totals` can), across the workers of a strategy of
+    several (`tfdtape.worker_totals`, with `outside`: {id(variable): what
+    its reads outside the replicas contributed}), or outside any strategy
+    for an ON_READ variable the derivative of its aggregate (in
+    cross-replica context such a source was refused before)."""
     totals = [None] * len(variables)
     reducible = []
+    across_workers = {}  # id(strategy) -> (strategy, [index])
     for index, (variable, parts) in enumerate(zip(variables, gradients)):
         if not resolution.is_distributed_variable(variable):
             totals[index] = component_totals.sum_components(parts)
+        elif _across_workers(variable):
+            strategy = variable.distribute_strategy
+            across_workers.setdefault(id(strategy), (strategy, []))[1].append(index)
         elif not cross_replica and on_read_sources.is_on_read(variable):
             totals[index] = on_read_sources.derivative(variable, parts)
         elif component_totals.reducible(variable, parts):
@@ -423,4 +451,10 @@ def _totals(variables, gradients, cross_replica):
                                        for index in reducible])
     for index, total in zip(reducible, reduced):
         totals[index] = total
+    for strategy, indices in across_workers.values():
+        reduced = worker_totals.reduce(strategy, [
+            (variables[index], gradients[index], outside.get(id(variables[index])))
+            for index in indices])
+        for index, total in zip(indices, reduced):
+            totals[index] = total
     return totals

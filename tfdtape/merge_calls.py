@@ -14,11 +14,14 @@ strategy (`tfdtape.component_totals`). Everywhere else (replica
 context, no strategy, strategies that need no merge_call) TensorFlow's
 function runs unchanged.
 
-Under a strategy in multi-worker mode, a gradient in cross-replica context
-covers this worker's replicas only, so applying it there would let workers
-drift apart: the call is refused instead. So is a call given `PerReplica`
-values (gradients returned from `strategy.run`): applied in cross-replica
-context, each replica's copy would get its own value.
+Under a strategy of several workers (MultiWorkerMirroredStrategy) each
+worker's apply updates its own copies, so every value it applies must be
+the same on every worker: the totals `tape.gradient` all-reduced across the
+workers are (`tfdtape.worker_totals`); anything else is checked first
+(`tfdtape.worker_agreement.check_apply`), and a value that differs between
+workers is refused on every worker. A call given `PerReplica` values
+(gradients returned from `strategy.run`) is refused: applied in
+cross-replica context, each replica's copy would get its own value.
 
 TensorFlow exports `maybe_merge_call` from several API modules (`tf.__internal__`
 and `tf.compat.v2.__internal__` are separate module objects, and tf_keras
@@ -35,8 +38,10 @@ from tensorflow.python.util import nest
 
 from tfdtape import compat
 from tfdtape import component_totals
+from tfdtape import cross_replica_reads
 from tfdtape import errors
 from tfdtape import tracing
+from tfdtape import worker_agreement
 
 ATTRIBUTE = "maybe_merge_call"
 PARAMETERS = ("fn", "strategy", "args", "kwargs")
@@ -64,9 +69,14 @@ def make_maybe_merge_call(original):
             compat.strategy_context.get_strategy_and_replica_context())
         if (replica_context is not None or
                 merge_call_interim.strategy_supports_no_merge_call()):
+            if (not compat.strategy_context.has_strategy() and strategy is not None and
+                    cross_replica_reads.in_multi_worker_mode(strategy)):
+                # An apply with no scope around it: `fn` updates every copy.
+                args, kwargs = worker_agreement.check_apply(strategy, args, kwargs)
             return original(fn, strategy, *args, **kwargs)
-        check_single_worker(current, _SYMBOL, "cannot apply gradients")
         check_no_per_replica_values(args, kwargs)
+        if cross_replica_reads.in_multi_worker_mode(current):
+            args, kwargs = worker_agreement.check_apply(current, args, kwargs)
         args, kwargs = component_totals.per_device((args, kwargs))
         return fn(current, *args, **kwargs)
 

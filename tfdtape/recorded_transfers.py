@@ -36,6 +36,7 @@ gradient was silently None) is recorded with a backward function that
 raises a `ValueError` saying so.
 """
 
+from tensorflow.python import pywrap_tfe
 from tensorflow.python.distribute import reduce_util
 from tensorflow.python.distribute import values
 from tensorflow.python.eager import context
@@ -46,6 +47,7 @@ from tensorflow.python.ops import math_ops
 
 from tfdtape import backward_placement
 from tfdtape import compat
+from tfdtape import cross_replica_reads
 from tfdtape import errors
 from tfdtape import replica_recording
 from tfdtape import scale_traps
@@ -66,8 +68,10 @@ def make_reduce_to(original):
     def reduce_to(self, reduce_op, value, destinations, options=None):
         if tracing.active:
             scale_traps.check_mean(reduce_op, value)
-        if not (replica_recording.merging_for_spanned_replicas() and
-                _recordable(self, value)):
+        _check_within_one_worker(self, [value], _SYMBOL)
+        if not (_recordable(self, value) and (
+                replica_recording.merging_for_spanned_replicas() or
+                (_across_workers(self) and _transfers_record_here()))):
             return original(self, reduce_op, value, destinations, options)
         reduced = _unrecorded(lambda: original(self, reduce_op, value, destinations,
                                                options), _SYMBOL)
@@ -84,6 +88,7 @@ def make_batch_reduce_to(original):
 
     def batch_reduce_to(self, reduce_op, value_destination_pairs, options=None):
         pairs = list(value_destination_pairs)
+        _check_within_one_worker(self, [value for value, _ in pairs], _SYMBOL)
         if not (_transfers_record_here() and any(
                 _recordable(self, value) or
                 _recordable(self, value, indexed_slices.IndexedSlices)
@@ -106,6 +111,8 @@ def make_gather_to(original):
     `all_gather` call) that records the gather where described above."""
 
     def _gather_to(self, value, destinations, axis, options=None):
+        if _across_workers(self) and _transfers_record_here() and _recordable(self, value):
+            raise _across_workers_refusal(_GATHER_SYMBOL, "a gather")
         if not (_transfers_record_here() and _recordable(self, value)):
             return original(self, value, destinations, axis, options)
         gathered = _unrecorded(lambda: original(self, value, destinations, axis, options),
@@ -157,17 +164,48 @@ def _transfers_record_here():
     if replica_recording.merging_for_spanned_replicas():
         return True
     return (not replica_recording.merging_for_a_run() and
-            compat.recording_module.could_possibly_record())
+            compat.recording_module.could_possibly_record() and
+            not pywrap_tfe.TFE_Py_TapeSetIsStopped())
 
 
 def _recordable(extended, value, kind=compat.Tensor):
     """Whether `value` is per-replica `kind` values (dense tensors), one per
-    replica of the strategy, all of them in this process."""
-    if type(value) is not values.PerReplica:
+    replica of the strategy in this process (under a strategy of several
+    workers with one replica here, what `strategy.run` returns is that
+    replica's value itself)."""
+    if type(value) is values.PerReplica:
+        components = value.values
+    elif (isinstance(value, kind) and _across_workers(extended) and
+          len(extended.worker_devices) == 1):
+        components = (value,)
+    else:
         return False
-    components = value.values
-    return (len(components) == extended._container_strategy().num_replicas_in_sync and
+    return (len(components) == len(extended.worker_devices) and
             all(isinstance(c, kind) for c in components))
+
+
+def _across_workers(extended):
+    return cross_replica_reads.in_multi_worker_mode(extended._container_strategy())
+
+
+def _check_within_one_worker(extended, values_, symbol):
+    """Raises ValueError if a merge_call function for the replicas of a
+    strategy.run that tapes around it record reduces per-replica values
+    across workers: its backward pass would need every worker's cotangents."""
+    if (replica_recording.merging_for_spanned_replicas() and _across_workers(extended) and
+            any(_recordable(extended, value) for value in values_)):
+        raise _across_workers_refusal(symbol, "a reduction inside the replicas")
+
+
+def _across_workers_refusal(symbol, what):
+    return tracing.refused(ValueError(errors.message(
+        "cannot differentiate a transfer across workers", symbol,
+        "strategy.reduce (or batch_reduce_to) of strategy.run's values in "
+        "cross-replica context under a strategy of several workers",
+        f"{what} across workers (MultiWorkerMirroredStrategy) that a tape "
+        "records, whose backward pass would need every worker's cotangents",
+        "Open the tape inside the function you pass to strategy.run, or "
+        "reduce the replicas' values with strategy.reduce outside them")))
 
 
 def _record_refusal(extended, value, reduced):
@@ -193,10 +231,14 @@ def _record_refusal(extended, value, reduced):
 
 
 def _record_reduction(extended, reduce_op, value, reduced):
+    """Records each of `reduced`'s local results as one operation of this
+    process's replicas' values; a MEAN divides by every replica of every
+    worker."""
     if isinstance(reduce_op, str):
         reduce_op = reduce_util.ReduceOp(reduce_op.upper())
     components = extended._local_results(value)
-    divisor = len(components) if reduce_op == reduce_util.ReduceOp.MEAN else None
+    divisor = (extended._container_strategy().num_replicas_in_sync
+               if reduce_op == reduce_util.ReduceOp.MEAN else None)
     for result in extended._local_results(reduced):
         compat.recording_module.record_operation(
             REDUCTION, [result], list(components), _broadcast(components, divisor))

@@ -37,6 +37,7 @@ from tensorflow.python.framework import ops
 from tensorflow.python.util import nest
 
 from tfdtape import compat
+from tfdtape import cross_replica_reads
 from tfdtape import errors
 from tfdtape import replica_recording
 from tfdtape import tracing
@@ -54,7 +55,7 @@ def make_all_reduce(original):
         replica_recording.check_not_differentiating_replicas(self, _ALL_REDUCE)
         if not _in_its_replica(self, _ALL_REDUCE):
             return value  # The sum, and the mean, of one replica's value.
-        if not _transfers_in_the_calling_thread(self, value):
+        if not _transfers_in_the_calling_thread(self, value, _ALL_REDUCE):
             return original(self, reduce_op, value, options)
         options = options or collective_util.Options()
 
@@ -77,7 +78,7 @@ def make_all_gather(original):
         replica_recording.check_not_differentiating_replicas(self, _ALL_GATHER)
         if not _in_its_replica(self, _ALL_GATHER):
             return value  # The gather of one replica's value.
-        if not _transfers_in_the_calling_thread(self, value):
+        if not _transfers_in_the_calling_thread(self, value, _ALL_GATHER):
             return original(self, value, axis, options)
         options = options or collective_util.Options()
 
@@ -122,8 +123,28 @@ def _in_its_replica(replica_context, symbol):
         "over every replica")))
 
 
-def _transfers_in_the_calling_thread(replica_context, value):
+def _transfers_in_the_calling_thread(replica_context, value, symbol):
+    """Whether the transfer goes through merge_call without TensorFlow's
+    custom gradient (described above).
+
+    Raises:
+        ValueError: only tapes around the run record, under a strategy of
+            several workers: the backward pass of a transfer across workers
+            would need every worker's cotangents.
+    """
     strategy = replica_context._strategy
+    if (replica_recording.only_spanning_tapes_record_here() and
+            cross_replica_reads.in_multi_worker_mode(strategy)):
+        raise tracing.refused(ValueError(errors.message(
+            "cannot differentiate a collective across workers from a tape "
+            "around strategy.run", symbol,
+            "collectives inside the replicas of a strategy of one worker, or "
+            "a tape inside the function you pass to strategy.run",
+            "one under a strategy of several workers "
+            "(MultiWorkerMirroredStrategy), whose backward pass would need "
+            "every worker's cotangents",
+            "Open the tape inside the function you pass to strategy.run (the "
+            "collective then has TensorFlow's gradient)")))
     return (replica_recording.only_spanning_tapes_record_here() and
             strategy.extended._use_merge_call() and
             len(strategy.extended.worker_devices) == strategy.num_replicas_in_sync and

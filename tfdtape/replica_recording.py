@@ -104,7 +104,9 @@ class _SpannedRun:
         return self.inner_tapes.setdefault(threading.get_ident(), [])
 
 
-def _tapes_here():
+def tapes_pushed_here():
+    """(GradientTape, the graph it was pushed in) for each tape recording in
+    this thread now, pushed outside replica context (the list itself)."""
     tapes = getattr(_recording, "tapes", None)
     if tapes is None:
         tapes = _recording.tapes = []
@@ -133,12 +135,12 @@ def tape_pushed(tape, is_new):
         if run is not None:
             run.inner_tapes_here().append(tape)
         return
-    _tapes_here().append((tape, graph))
+    tapes_pushed_here().append((tape, graph))
 
 
 def tape_popped(tape):
     """Notes that `tape` (a GradientTape) stopped recording in this thread."""
-    tapes = _tapes_here()
+    tapes = tapes_pushed_here()
     for index, (recording, _) in enumerate(tapes):
         if recording is tape:
             del tapes[index]
@@ -260,16 +262,17 @@ def spanning_tapes_record_here():
     in this thread now."""
     return (not pywrap_tfe.TFE_Py_TapeSetIsStopped() and
             any(spanned_runs(tape) > 0 and tape._tape is not None
-                for tape, _ in _tapes_here()))
+                for tape, _ in tapes_pushed_here()))
 
 
-def _tapes_to_propagate():
-    """The tapes of this thread that record what a strategy.run starting now
-    runs, while the thread's recording is on: those pushed in the current
+def recording_tapes_here():
+    """The tapes of this thread that record what runs here now (a
+    strategy.run starting, a read), while the thread's recording is on:
+    those pushed outside replica context in the current
     graph, or in a graph it is control flow of (a `tf.cond` branch or
     `tf.while_loop` body traced inside the function the tape records, as it
     would record the same ops in its own thread)."""
-    tapes = _tapes_here()
+    tapes = tapes_pushed_here()
     if not tapes or pywrap_tfe.TFE_Py_TapeSetIsStopped():
         return []
     graphs = _recording_graphs(ops.get_default_graph())
@@ -301,7 +304,7 @@ def make_call_for_each_replica(original):
     record on the tapes recording in the calling thread."""
 
     def _call_for_each_replica(distribution, fn, args, kwargs):
-        tapes = _tapes_to_propagate()
+        tapes = recording_tapes_here()
         if not tapes:
             return original(distribution, fn, args, kwargs)
         for tape in tapes:

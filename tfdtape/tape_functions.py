@@ -6,6 +6,9 @@ own resolver hook (`tape._variables_override`), so the commit's semantics hold
 whether or not that hook is registered. A decision is traced only after the
 tape took it.
 
+A component of a multi-worker variable read as itself (outside replica
+context) is noted for `tfdtape.cross_replica_reads`.
+
 Outside any strategy, `watch_variable` of a distributed variable also
 watches the handles of all its local components (as tensors, so the tape
 still lists the variable once): TensorFlow watches it through its first
@@ -17,6 +20,7 @@ or of a `tf.function` that runs one.
 from tensorflow.python import pywrap_tfe
 from tensorflow.python.framework import ops
 
+from tfdtape import cross_replica_reads
 from tfdtape import resolution
 from tfdtape import tracing
 
@@ -67,6 +71,8 @@ def variable_accessed(variable):
     for var in accessed:
         _tape_variable_accessed(var)
         _watcher_variable_accessed(var)
+    if accessed[0] is variable:  # A component read as itself: outside the replicas.
+        cross_replica_reads.note_direct_read(variable)
     if tracing.active:
         tracing.record("access", variable, accessed)
 
@@ -83,5 +89,7 @@ def variables_accessed(variables):
         for var in accessed:
             _tape_variable_accessed(var)
             _watcher_variable_accessed(var)
+        if accessed[0] is variable:
+            cross_replica_reads.note_direct_read(variable)
         if tracing.active:
             tracing.record("access", variable, accessed)

@@ -25,6 +25,7 @@ from tensorflow.python import pywrap_tfe
 from tensorflow.python.distribute import distribute_lib
 from tensorflow.python.distribute import merge_call_interim
 from tensorflow.python.distribute import mirrored_run
+from tensorflow.python.distribute import values as values_lib
 from tensorflow.python.distribute import values_util
 from tensorflow.python.eager import backprop
 from tensorflow.python.eager import forwardprop
@@ -33,6 +34,7 @@ from tensorflow.python.framework import ops
 
 from tfdtape import backward_placement
 from tfdtape import compat
+from tfdtape import cross_replica_reads
 from tfdtape import defun
 from tfdtape import errors
 from tfdtape import gradient_tape
@@ -319,6 +321,8 @@ def patch_targets():
         PatchTarget(distribute_lib.StrategyExtendedV2, "_gather_to",
                     ("self", "value", "destinations", "axis", "options"),
                     recorded_transfers.make_gather_to),
+        PatchTarget(values_lib.MirroredVariable, "_get_cross_replica", ("self",),
+                    cross_replica_reads.make_get_cross_replica),
     ]
     table += [PatchTarget(cls, defun.RESOLVER_METHOD, ("self",),
                           defun.make_resolver_replacement)

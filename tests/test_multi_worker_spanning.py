@@ -1,0 +1,151 @@
+"""The spanning loop across workers: MultiWorkerMirroredStrategy with 2 and
+3 worker processes on loopback (one replica each), every worker killed and
+the test failed past a hard time limit.
+
+Each worker trains the cases of `worker_training` for 3 steps in the same
+order (multi_worker_spanning_process.py). After them the weights must equal
+one device's on the global batch (rtol 1e-5) and be bitwise identical on
+every worker; what must be refused must raise the same error on every
+worker. The control runs the same programs on stock TensorFlow, and its
+result is stated per case: in scope the handle error at tape.gradient, with
+no scope a None gradient for every variable (Keras then refuses the apply);
+the tutorial loop (tape inside strategy.run) is bitwise the same with
+tfdtape and on stock.
+"""
+
+import json
+
+import numpy as np
+import pytest
+
+import loopback
+import worker_training as wt
+
+pytestmark = pytest.mark.cluster
+
+PROCESS = str(loopback.TESTS / "multi_worker_spanning_process.py")
+TIME_LIMIT = 600
+
+
+def case(**choices):
+    return dict({"loop": "spanning", "mode": "eager", "optimizer": "sgd",
+                 "scope": True, "target": "sum"}, **choices)
+
+
+TRAINING = [case(mode=mode, optimizer=optimizer, scope=scope, target=target)
+            for mode in ("eager", "tf_function")
+            for optimizer in ("sgd", "adam")
+            for scope in (True, False)
+            for target in ("sum", "mean", "local_sum")
+            if optimizer == "sgd" or target == "sum"]
+TRAINING += [case(mode=mode, l2=True) for mode in ("eager", "tf_function")]
+TRAINING += [case(mode=mode, spare=True, transform="clip")
+             for mode in ("eager", "tf_function")]
+TUTORIAL = [case(loop="tutorial", mode=mode, optimizer=optimizer)
+            for mode in ("eager", "tf_function") for optimizer in ("sgd", "adam")]
+REFUSED = [case(mode=mode, **choices)
+           for mode in ("eager", "tf_function")
+           for choices in ({"l2": "varying"}, {"transform": "local_scale"},
+                           {"nested": True}, {"l2": True, "scope": False})]
+
+
+def run_cluster(workers, cases, stock=False):
+    """Each worker's results for `cases` (one fresh cluster)."""
+    arguments = [PROCESS, json.dumps(cases)] + (["--stock"] if stock else [])
+    results = loopback.run_processes(
+        loopback.worker_configs(workers), arguments, TIME_LIMIT,
+        env={"TFDTAPE_AUTOINSTALL": "0"} if stock else None)
+    assert [r["task"] for r in results] == list(range(workers))
+    assert {r["replicas"] for r in results} == {workers}
+    return [r["results"] for r in results]
+
+
+def assert_trained_like_one_device(results, cases):
+    """Every worker's weights equal one device's (rtol 1e-5) and each
+    other's, bitwise."""
+    for index, chosen in enumerate(cases):
+        found = [worker[index] for worker in results]
+        assert all("weights" in f for f in found), (chosen, found[0])
+        assert all(f["bytes"] == found[0]["bytes"] for f in found), chosen
+        expected = wt.one_device(chosen)
+        for weight, want in zip(found[0]["weights"], expected):
+            np.testing.assert_allclose(np.array(weight), want, rtol=1e-5, atol=1e-7,
+                                       err_msg=json.dumps(chosen))
+        moved = [not np.allclose(np.array(w), start) for w, start in
+                 zip(found[0]["weights"], wt.one_device(dict(chosen, steps=0)))]
+        assert moved[:4] == [True] * 4, chosen
+
+
+@pytest.fixture(scope="module")
+def two_workers():
+    """The cases on a 2-worker cluster with tfdtape: (results, cases)."""
+    cases = TRAINING + TUTORIAL + REFUSED
+    return run_cluster(2, cases), cases
+
+
+def results_of(run, wanted):
+    results, cases = run
+    indices = [cases.index(chosen) for chosen in wanted]
+    return [[worker[index] for index in indices] for worker in results]
+
+
+def test_two_workers_train_like_one_device_on_the_global_batch(two_workers):
+    assert_trained_like_one_device(results_of(two_workers, TRAINING), TRAINING)
+
+
+def test_a_variable_the_loss_does_not_use_is_none_on_every_worker(two_workers):
+    spare = [c for c in TRAINING if c.get("spare")]
+    for worker in results_of(two_workers, spare):
+        for found in worker:
+            assert found["none_gradients"] == [False] * 4 + [True, True]
+            np.testing.assert_array_equal(found["weights"][4], np.full((3, 2), 0.25))
+
+
+def test_the_tutorial_loop_trains_like_one_device(two_workers):
+    assert_trained_like_one_device(results_of(two_workers, TUTORIAL), TUTORIAL)
+
+
+@pytest.mark.parametrize("choice, message", [
+    ({"l2": "varying"}, "tfdtape: cannot count a term outside the replicas once for "),
+    ({"transform": "local_scale"}, "tfdtape: cannot apply values that differ between "
+     "workers (tf.__internal__.distribute.interim.maybe_merge_call)"),
+    ({"nested": True}, "tfdtape: cannot take a gradient across workers while another "
+     "tape records (MultiWorkerMirroredStrategy)"),
+    ({"l2": True, "scope": False}, "also read outside the replicas by a read outside "
+     "any strategy.scope()"),
+])
+def test_what_cannot_be_exact_is_refused_on_every_worker(two_workers, choice, message):
+    wanted = [c for c in REFUSED if all(c.get(k) == v for k, v in choice.items())]
+    for chosen, found in zip(wanted, zip(*results_of(two_workers, wanted))):
+        assert len({json.dumps(f, sort_keys=True) for f in found}) == 1, found
+        assert "error" in found[0], (chosen, found[0])
+        assert message in found[0]["message"], (chosen, found[0]["message"])
+
+
+def test_three_workers_train_like_one_device_on_the_global_batch():
+    cases = [case(mode=mode, target=target, l2=target == "sum")
+             for mode in ("eager", "tf_function") for target in ("sum", "mean")]
+    cases += [case(mode="tf_function", optimizer="adam", scope=False)]
+    assert_trained_like_one_device(run_cluster(3, cases), cases)
+
+
+def test_stock_tensorflow_cannot_run_the_spanning_loop_and_trains_the_tutorial_alike(
+        two_workers):
+    """The control: in scope, the handle error at tape.gradient; with no
+    scope, None for every variable (Keras refuses to apply nothing); the
+    tutorial loop the same bytes as with tfdtape."""
+    spanning = [case(mode=mode, scope=scope) for mode in ("eager", "tf_function")
+                for scope in (True, False)]
+    tutorial = TUTORIAL
+    stock = run_cluster(2, spanning + tutorial, stock=True)
+    for worker in stock:
+        for chosen, found in zip(spanning, worker):
+            assert found.get("error") in ("ValueError", "StagingError"), (chosen, found)
+            if chosen["scope"]:
+                assert "handle is not available" in found["message"], found
+            else:
+                assert "No gradients provided for any variable" in found["message"], found
+    with_tfdtape = results_of(two_workers, tutorial)
+    for stock_worker, tfdtape_worker in zip(stock, with_tfdtape):
+        for found, same in zip(stock_worker[len(spanning):], tfdtape_worker):
+            assert found["bytes"] == same["bytes"]
