@@ -29,7 +29,7 @@ if not STOCK:
     import tfdtape  # noqa: F401 (installs tfdtape)
 
 
-def replica_batches(strategy, task):
+def replica_batches(strategy, task, case):
     """Each replica's rows of the global batch, by its global replica id
     (this worker's replicas follow those of the workers before it)."""
     local = len(strategy.extended.worker_devices)
@@ -40,7 +40,7 @@ def replica_batches(strategy, task):
         return data[replica * per:(replica + 1) * per]
 
     return (strategy.experimental_distribute_values_from_function(
-                lambda context: rows(context, wt.FEATURES)),
+                lambda context: rows(context, wt.inputs(case))),
             strategy.experimental_distribute_values_from_function(
                 lambda context: rows(context, wt.LABELS)))
 
@@ -48,7 +48,7 @@ def replica_batches(strategy, task):
 def run_case(strategy, task, case):
     with strategy.scope():
         model, variables, optimizer = wt.build(case)
-    features, labels = replica_batches(strategy, task)
+    features, labels = replica_batches(strategy, task, case)
     nones = []
 
     def share(x, y):
@@ -56,32 +56,48 @@ def run_case(strategy, task, case):
         per_example = tf.reduce_sum(error * error, axis=1)
         if case["target"] == "mean":
             return tf.reduce_mean(per_example)
+        if case["target"] == "sum_axis":
+            return per_example / wt.GLOBAL_BATCH
+        if case["target"] == "mean_axis":
+            return per_example
         return tf.nn.compute_average_loss(per_example, global_batch_size=wt.GLOBAL_BATCH)
+
+    def reduced(per_replica):
+        target = case["target"]
+        if target in ("sum_axis", "mean_axis"):
+            return strategy.reduce(target.split("_")[0].upper(), per_replica, axis=0)
+        return strategy.reduce(target.upper(), per_replica, axis=None)
 
     def spanning():
         outer = tf.GradientTape() if case.get("nested") else contextlib.nullcontext()
         with outer:  # A second tape records the gradient (second order).
             with tf.GradientTape() as tape:
                 per_replica = strategy.run(share, args=(features, labels))
-                local = tf.add_n(strategy.experimental_local_results(per_replica))
-                if case["target"] == "local_sum":
-                    loss = local
-                else:
-                    loss = strategy.reduce(case["target"].upper(), per_replica, axis=None)
+                local = tf.reduce_sum(tf.add_n(strategy.experimental_local_results(
+                    per_replica)))
+                loss = local if case["target"] == "local_sum" else reduced(per_replica)
                 if case.get("l2") == "varying":
                     loss += tf.stop_gradient(local) * wt.l2_term(model)
                 elif case.get("l2"):
                     loss += wt.l2_term(model)
-            gradients = wt.transformed(case, tape.gradient(loss, variables), local)
+                if case.get("partly") and task == 0:  # This worker alone (eagerly).
+                    spare = variables[-2]
+                    loss += tf.reduce_sum(tf.square(spare) if case["partly"] == "outside"
+                                          else strategy.run(
+                                              lambda: tf.reduce_sum(spare)))
+            unconnected = (tf.UnconnectedGradients.ZERO if case.get("zeros")
+                           else tf.UnconnectedGradients.NONE)
+            gradients = wt.transformed(case, tape.gradient(
+                loss, variables, unconnected_gradients=unconnected), local)
         nones.append([g is None for g in gradients])
-        optimizer.apply_gradients(zip(gradients, variables))
+        optimizer.apply_gradients(zip(gradients, variables), **wt.apply_options(case))
 
     def tutorial():
         def replica_step(x, y):
             with tf.GradientTape() as tape:
                 loss = share(x, y)
             gradients = tape.gradient(loss, variables)
-            optimizer.apply_gradients(zip(gradients, variables))
+            optimizer.apply_gradients(zip(gradients, variables), **wt.apply_options(case))
         strategy.run(replica_step, args=(features, labels))
 
     step = spanning if case["loop"] == "spanning" else tutorial

@@ -13,13 +13,18 @@ the tutorial loop (tape inside strategy.run) is bitwise the same with
 tfdtape and on stock.
 """
 
+import importlib.util
 import json
+import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
 
 import loopback
 import worker_training as wt
+from tfdtape import run_report
 
 pytestmark = pytest.mark.cluster
 
@@ -41,12 +46,26 @@ TRAINING = [case(mode=mode, optimizer=optimizer, scope=scope, target=target)
 TRAINING += [case(mode=mode, l2=True) for mode in ("eager", "tf_function")]
 TRAINING += [case(mode=mode, spare=True, transform="clip")
              for mode in ("eager", "tf_function")]
+TRAINING += [case(mode=mode, target=target) for mode in ("eager", "tf_function")
+             for target in ("sum_axis", "mean_axis")]
+TRAINING += [case(mode=mode, model="embedding", optimizer=optimizer)
+             for mode in ("eager", "tf_function") for optimizer in ("sgd", "adam")]
+TRAINING += [case(mode=mode, spare=True, zeros=True) for mode in ("eager", "tf_function")]
+TRAINING += [case(mode=mode, keras="tf_keras", skip=skip)
+             for mode in ("eager", "tf_function") for skip in (True, False)
+             if importlib.util.find_spec("tf_keras") is not None]
 TUTORIAL = [case(loop="tutorial", mode=mode, optimizer=optimizer)
             for mode in ("eager", "tf_function") for optimizer in ("sgd", "adam")]
 REFUSED = [case(mode=mode, **choices)
            for mode in ("eager", "tf_function")
            for choices in ({"l2": "varying"}, {"transform": "local_scale"},
                            {"nested": True}, {"l2": True, "scope": False})]
+REFUSED += [case(spare=True, partly="outside")]
+PARTLY = [case(spare=True, partly="inside", optimizer=optimizer)
+          for optimizer in ("sgd", "adam")]
+"""Eagerly, a term only worker 0 computes: inside the replicas it takes part
+there alone (the others all-reduce zeros for it); outside them no one count
+of it is the job's (refused on every worker)."""
 
 
 def run_cluster(workers, cases, stock=False):
@@ -73,13 +92,14 @@ def assert_trained_like_one_device(results, cases):
                                        err_msg=json.dumps(chosen))
         moved = [not np.allclose(np.array(w), start) for w, start in
                  zip(found[0]["weights"], wt.one_device(dict(chosen, steps=0)))]
-        assert moved[:4] == [True] * 4, chosen
+        trained = len(moved) - (2 if chosen.get("spare") else 0)
+        assert moved[:trained] == [True] * trained, chosen
 
 
 @pytest.fixture(scope="module")
 def two_workers():
     """The cases on a 2-worker cluster with tfdtape: (results, cases)."""
-    cases = TRAINING + TUTORIAL + REFUSED
+    cases = TRAINING + TUTORIAL + REFUSED + PARTLY
     return run_cluster(2, cases), cases
 
 
@@ -94,11 +114,25 @@ def test_two_workers_train_like_one_device_on_the_global_batch(two_workers):
 
 
 def test_a_variable_the_loss_does_not_use_is_none_on_every_worker(two_workers):
+    """None on every worker (zeros with unconnected_gradients=ZERO), and
+    left as it was."""
     spare = [c for c in TRAINING if c.get("spare")]
     for worker in results_of(two_workers, spare):
-        for found in worker:
-            assert found["none_gradients"] == [False] * 4 + [True, True]
+        for chosen, found in zip(spare, worker):
+            assert found["none_gradients"] == [False] * 4 + [not chosen.get("zeros")] * 2
             np.testing.assert_array_equal(found["weights"][4], np.full((3, 2), 0.25))
+
+
+def test_a_variable_only_one_worker_uses_gets_the_same_gradient_everywhere(two_workers):
+    """Worker 0 alone adds sum(spare kernel) inside its replica: every worker
+    all-reduces the kernel (zeros from worker 1) and applies worker 0's
+    gradient, the same bytes; the spare bias took part nowhere: None."""
+    for worker in results_of(two_workers, PARTLY):
+        for found in worker:
+            assert found["none_gradients"] == [False] * 5 + [True]
+    for chosen, found in zip(PARTLY, zip(*results_of(two_workers, PARTLY))):
+        assert found[0]["bytes"] == found[1]["bytes"], chosen
+        assert not np.allclose(found[0]["weights"][4], 0.25), chosen
 
 
 def test_the_tutorial_loop_trains_like_one_device(two_workers):
@@ -113,6 +147,8 @@ def test_the_tutorial_loop_trains_like_one_device(two_workers):
      "tape records (MultiWorkerMirroredStrategy)"),
     ({"l2": True, "scope": False}, "also read outside the replicas by a read outside "
      "any strategy.scope()"),
+    ({"partly": "outside"}, "tfdtape: cannot count a term outside the replicas once "
+     "for 'spare/kernel:0'"),
 ])
 def test_what_cannot_be_exact_is_refused_on_every_worker(two_workers, choice, message):
     wanted = [c for c in REFUSED if all(c.get(k) == v for k, v in choice.items())]
@@ -149,3 +185,50 @@ def test_stock_tensorflow_cannot_run_the_spanning_loop_and_trains_the_tutorial_a
     for stock_worker, tfdtape_worker in zip(stock, with_tfdtape):
         for found, same in zip(stock_worker[len(spanning):], tfdtape_worker):
             assert found["bytes"] == same["bytes"]
+
+
+def test_tfdtape_run_on_each_worker_reports_its_totals_all_reduced(tmp_path):
+    """`python -m tfdtape run --json report-{task}.json` on each worker: the
+    totals counted per variable, all-reduced across both workers, said so
+    in the summary."""
+    pattern = str(tmp_path / "report-{task}.json")
+    cases = [case(), case(mode="tf_function")]
+    results = loopback.run_processes(
+        loopback.worker_configs(2),
+        ["-m", "tfdtape", "run", "--quiet", "--json", pattern, PROCESS,
+         json.dumps(cases)], TIME_LIMIT)
+    assert [r["task"] for r in results] == [0, 1]
+    for index in range(2):
+        report = json.loads((tmp_path / f"report-worker-{index}.json").read_text())
+        assert report["task"] == f"worker-{index}" and report["exit_status"] == 0
+        totals = report["total_derivatives"]
+        # Keras paths: "sequential/hidden/kernel", ...; the second case's
+        # model is "sequential_1".
+        assert {(t["source"].split("/", 1)[1], t["components"], t["workers"])
+                for t in totals} == {(name, 1, 2) for name in (
+                    "hidden/kernel", "hidden/bias", "out/kernel", "out/bias")}
+        assert len(totals) == 8
+        summary = " ".join(run_report.summary(report).split())
+        assert "each the sum of 1 components, all-reduced across 2 workers" in summary
+
+
+def test_verify_checks_the_spanning_step_on_two_workers(tmp_path):
+    """`verify --multi-worker --only spanning_step_two_workers`: PASS, with
+    both tfdtape configurations observing the job's gradient applied alike
+    and the stock and pre-seed workers raising the handle error."""
+    environment = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
+    environment.pop("TF_CONFIG", None)
+    report = tmp_path / "verify.json"
+    completed = subprocess.run(
+        [sys.executable, "-m", "tfdtape", "verify", "--multi-worker", "--only",
+         "spanning_step_two_workers", "--json", str(report)],
+        capture_output=True, text=True, env=environment, timeout=TIME_LIMIT)
+    assert completed.returncode == 0, completed.stdout + completed.stderr[-2000:]
+    line = completed.stdout.splitlines()[0]
+    assert line.split()[:2] == ["spanning_step_two_workers", "PASS"], line
+    observed = json.loads(report.read_text())["checks"][0]["observations"]
+    assert observed["tfdtape"] == observed["tfdtape_alone"] == (
+        "total over both workers, applied alike")
+    for control in ("stock", "pre_seed"):
+        assert observed[control].startswith("raised ValueError: "
+                                            "DistributedVariable.handle"), observed

@@ -67,6 +67,7 @@ def test_keeps_no_reference_to_variables(strategy):
         gc.collect()
         assert reference() is None
     assert recorder.snapshot()["total_derivatives"][0]["components"] == 4
+    assert recorder.snapshot()["total_derivatives"][0]["workers"] == 1
 
 
 def test_memory_does_not_grow_with_steps():

@@ -12,8 +12,14 @@ A case is a dict:
 - optimizer: "sgd" or "adam" (Keras 3);
 - scope: whether strategy.scope() is open around the step;
 - target: "sum" (strategy.reduce SUM of tf.nn.compute_average_loss),
-  "mean" (strategy.reduce MEAN of per-replica means) or "local_sum"
-  (tf.add_n of experimental_local_results of compute_average_loss);
+  "mean" (strategy.reduce MEAN of per-replica means), "local_sum"
+  (tf.add_n of experimental_local_results of compute_average_loss),
+  "sum_axis" (strategy.reduce SUM, axis=0, of the per-example losses over
+  the global batch) or "mean_axis" (MEAN, axis=0, of the per-example losses);
+- model: "dense" (Dense(4, tanh), Dense(1)) or "embedding" (Embedding,
+  Flatten, Dense(1): a sparse gradient);
+- keras: "tf.keras" (Keras 3 from TensorFlow 2.16) or "tf_keras" (Keras 2;
+  `skip`: its apply told skip_gradients_aggregation=True);
 - l2: whether L2 * the kernels' squared sum is added outside strategy.run
   ("varying": times this worker's own local loss, which no one count fits);
 - spare: whether the model holds a Dense layer the loss does not use;
@@ -30,18 +36,37 @@ import tensorflow as tf
 
 GLOBAL_BATCH = 12
 FEATURES = np.linspace(-1.0, 1.0, GLOBAL_BATCH * 3, dtype=np.float32).reshape(-1, 3)
+TOKENS = (np.arange(GLOBAL_BATCH * 3, dtype=np.int32).reshape(-1, 3) * 7) % 10
 LABELS = (np.sin(np.arange(GLOBAL_BATCH, dtype=np.float32)) * 0.5).reshape(-1, 1)
 L2 = 0.01
 CLIP = 0.5
 STEPS = 3
 
 
+def keras_of(case):
+    if case.get("keras") == "tf_keras":
+        import tf_keras
+        return tf_keras
+    return tf.keras
+
+
+def inputs(case):
+    """The global batch's inputs for the case's model."""
+    return TOKENS if case.get("model") == "embedding" else FEATURES
+
+
 def build(case):
     """(model, trainable variables in a fixed order, optimizer)."""
-    keras = tf.keras
-    model = keras.Sequential([keras.Input((3,)),
-                              keras.layers.Dense(4, activation="tanh", name="hidden"),
-                              keras.layers.Dense(1, name="out")])
+    keras = keras_of(case)
+    if case.get("model") == "embedding":
+        layers = [keras.Input((3,), dtype="int32"),
+                  keras.layers.Embedding(10, 4, name="embedding"),
+                  keras.layers.Flatten(), keras.layers.Dense(1, name="out")]
+    else:
+        layers = [keras.Input((3,)),
+                  keras.layers.Dense(4, activation="tanh", name="hidden"),
+                  keras.layers.Dense(1, name="out")]
+    model = keras.Sequential(layers)
     rng = np.random.default_rng(3)
     model.set_weights([rng.normal(0.0, 0.5, w.shape).astype(np.float32)
                        for w in model.get_weights()])
@@ -59,7 +84,12 @@ def build(case):
 
 def l2_term(model):
     return L2 * tf.add_n([tf.reduce_sum(tf.square(layer.kernel))
-                          for layer in model.layers])
+                          for layer in model.layers if hasattr(layer, "kernel")])
+
+
+def apply_options(case):
+    """Keyword arguments of the case's apply_gradients."""
+    return {"skip_gradients_aggregation": True} if case.get("skip") else {}
 
 
 def one_device(case):
@@ -68,7 +98,7 @@ def one_device(case):
     model, variables, optimizer = build(case)
     for _ in range(case.get("steps", STEPS)):
         with tf.GradientTape() as tape:
-            error = model(FEATURES) - LABELS
+            error = model(inputs(case)) - LABELS
             loss = tf.reduce_mean(tf.reduce_sum(error * error, axis=1))
             if case.get("l2"):
                 loss += l2_term(model)

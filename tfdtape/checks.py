@@ -16,6 +16,7 @@ from tensorflow.python.eager import backprop
 from tensorflow.python.eager import tape as tape_module
 
 from tfdtape import defun
+from tfdtape import multi_worker_check
 from tfdtape import patching
 from tfdtape import resolution
 
@@ -342,3 +343,12 @@ CHECKS = (
           "uninstall() puts back TensorFlow's exact original function objects.",
           _uninstall_restores, "originals restored", discriminating=False),
 )
+
+MULTI_WORKER_CHECKS = (
+    Check("spanning_step_two_workers",
+          "On two local worker processes (MultiWorkerMirroredStrategy), a tape "
+          "around strategy.run gives the whole job's gradient on both, applied "
+          "alike in cross-replica context (opt-in: verify --multi-worker).",
+          multi_worker_check.observe, multi_worker_check.EXPECTED),
+)
+"""Checks that start worker processes: run with `verify --multi-worker`."""

@@ -169,7 +169,7 @@ def make_gradient(original_gradient):
                   else contextlib.nullcontext()), (
                     replica_recording.differentiating_replicas() if spanning
                     else contextlib.nullcontext()):
-                result, totals, one_device, summing = _differentiate(
+                result, totals, one_device, summing, workers = _differentiate(
                     original_gradient, self, target, sources, output_gradients,
                     unconnected_gradients)
         except Exception as error:
@@ -181,7 +181,7 @@ def make_gradient(original_gradient):
             if summing:
                 scale_traps.note_totals(result)
             _report(self, recorded, sources, result, totals, one_device,
-                    summing, sys._getframe(1))
+                    summing, workers, sys._getframe(1))
         return result
 
     return gradient
@@ -189,7 +189,7 @@ def make_gradient(original_gradient):
 
 def _differentiate(original_gradient, tape, target, sources, output_gradients,
                    unconnected_gradients):
-    """(gradients, totals, one_device, summing): what `gradient` returns;
+    """(gradients, totals, one_device, summing, workers): what `gradient` returns;
     (source, number of components) for each distributed source whose total
     derivative over its components was summed (not those that came back
     None; with no strategy, only those a component beyond the first took
@@ -197,7 +197,8 @@ def _differentiate(original_gradient, tape, target, sources, output_gradients,
     total in cross-replica context came from one component of several (the
     step ran on one device, as without strategy.run); and whether the
     sources' components were differentiated (outside replica context)
-    rather than the sources themselves."""
+    rather than the sources themselves; and across how many workers the
+    totals were all-reduced (1: within this process)."""
     if output_gradients is None:
         target = nest.map_structure(_replicas_if_per_replica, target)
     flat_sources = nest.flatten(sources)
@@ -212,7 +213,7 @@ def _differentiate(original_gradient, tape, target, sources, output_gradients,
                 for source in flat_sources])
         return original_gradient(
             tape, target, sources, output_gradients=output_gradients,
-            unconnected_gradients=unconnected_gradients), (), False, False
+            unconnected_gradients=unconnected_gradients), (), False, False, 1
     flat_variables = [keras_variables.unwrap(source, _GRADIENT_SYMBOL)
                       for source in flat_sources]
     components, spans = _split_distributed_sources(flat_variables, cross_replica)
@@ -261,7 +262,9 @@ def _differentiate(original_gradient, tape, target, sources, output_gradients,
     of_several = [count for _, components, count, _ in distributed if components > 1]
     one_device = (cross_replica and bool(summed) and bool(of_several) and
                   all(count <= 1 for count in of_several))
-    return nest.pack_sequence_as(sources, totals), summed, one_device, True
+    workers = max([variable.distribute_strategy.extended._num_workers
+                   for variable in across_workers], default=1)
+    return nest.pack_sequence_as(sources, totals), summed, one_device, True, workers
 
 
 def _replicas_if_per_replica(target):
@@ -290,7 +293,7 @@ def _outside_replica_context(cross_replica):
 
 
 def _report(tape, recorded, sources, result, totals, one_device, summing,
-            frame):
+            workers, frame):
     """Sends a GradientEvent for this call to the open sinks."""
     flat_sources = tuple(nest.flatten(sources))
     reasons = explaining.none_reasons(tape, recorded, flat_sources,
@@ -298,7 +301,7 @@ def _report(tape, recorded, sources, result, totals, one_device, summing,
     tracing.record_gradient(tracing.GradientEvent(
         tuple(reasons), totals, call_sites.caller_location(frame),
         explaining.context_now(), one_device, flat_sources,
-        replica_recording.spanned_runs(tape) > 0))
+        replica_recording.spanned_runs(tape) > 0, workers))
 
 
 def make_watched_variables(original_watched_variables):

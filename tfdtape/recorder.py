@@ -180,7 +180,8 @@ class Recorder:
                 self._none_gradients[key] += 1
                 self._messages.setdefault(reason, message)
             for source, components in event.totals:
-                key = (self._source_entry(source), components, event.location)
+                key = (self._source_entry(source), components, event.workers,
+                       event.location)
                 self._totals[key] += 1
             if event.one_device:
                 self._one_device[event.location] += 1
@@ -249,8 +250,9 @@ class Recorder:
                     key=lambda item: (item[0][0].serial, *item[0][1:]))]
             totals = [
                 {"source": names[entry], "id": entry.serial,
-                 "components": components, "location": location, "count": count}
-                for (entry, components, location), count in sorted(
+                 "components": components, "workers": workers,
+                 "location": location, "count": count}
+                for (entry, components, workers, location), count in sorted(
                     self._totals.items(),
                     key=lambda item: (item[0][0].serial, *item[0][1:]))]
             warnings = self._warnings(names)

@@ -270,23 +270,31 @@ def _totals(totals, relative, verbose):
     if verbose:
         for item in totals:
             lines += _wrapped(
-                f"{item['source']}: sum of {item['components']} components, "
+                f"{item['source']}: sum of {item['components']} components"
+                f"{_across(item.get('workers', 1))}, "
                 f"{_times(item['count'])} at {relative(item['location'])}")
         return ["", _TOTALS_HEADING] + lines
     sites = collections.OrderedDict()
     for item in totals:
         site = sites.setdefault(item["location"], {"variables": set(), "count": 0,
-                                                   "components": set()})
+                                                   "components": set(), "workers": 1})
         site["variables"].add(item["id"])
         site["components"].add(item["components"])
+        site["workers"] = max(site["workers"], item.get("workers", 1))
         site["count"] += item["count"]
     for location, site in list(sites.items())[:LISTED]:
         components = "/".join(map(str, sorted(site["components"])))
         lines += _wrapped(
             f"at {relative(location)}: {_plural(len(site['variables']), 'variable')}"
-            f", each the sum of {components} components, {site['count']} in all")
+            f", each the sum of {components} components{_across(site['workers'])}, "
+            f"{site['count']} in all")
     lines += _more(len(sites) - min(len(sites), LISTED))
     return ["", _TOTALS_HEADING] + lines
+
+
+def _across(workers):
+    """", all-reduced across N workers" where the totals were (N > 1)."""
+    return f", all-reduced across {workers} workers" if workers > 1 else ""
 
 
 def _warnings(warnings, relative, verbose):

@@ -101,6 +101,8 @@ class GradientEvent:
             variables a Keras variable wraps by its path).
         around_run: the tape recorded the replicas of a strategy.run it
             was recording around.
+        workers: how many workers the totals were all-reduced across (1:
+            within this process).
     """
     none_reasons: tuple[tuple[object, str, str], ...]
     totals: tuple[tuple[object, int], ...]
@@ -109,6 +111,7 @@ class GradientEvent:
     one_device: bool = False
     sources: tuple[object, ...] = ()
     around_run: bool = False
+    workers: int = 1
 
 
 @dataclasses.dataclass(frozen=True)

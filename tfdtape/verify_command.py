@@ -31,6 +31,9 @@ def add_arguments(parser):
                         help="list the checks and exit")
     parser.add_argument("--verbose", action="store_true",
                         help="show every configuration's observation")
+    parser.add_argument("--multi-worker", action="store_true",
+                        help="also run the checks that start two worker "
+                             "processes on loopback (about a minute)")
 
 
 def run(args, argv):
@@ -51,7 +54,7 @@ def run(args, argv):
     command_line.import_internals(tf, "checks", "testing", "verify")
     from tfdtape import release_policy
     release_policy.accept_untested()  # checking a build is verify's job
-    checks = _selected_checks(args.only)
+    checks = _selected_checks(args.only, args.multi_worker)
     if args.list:
         for check in checks:
             print(f"{check.name:38} {check.description}")
@@ -64,17 +67,22 @@ def run(args, argv):
     return _run_checks(tf, checks, devices, args)
 
 
-def _selected_checks(only):
-    """The checks named by --only (each once, in the order given), or all."""
+def _selected_checks(only, multi_worker):
+    """The checks named by --only (each once, in the order given), or all;
+    the multi-worker ones only with --multi-worker."""
     from tfdtape import checks
+    available = checks.CHECKS + (checks.MULTI_WORKER_CHECKS if multi_worker else ())
     if not only:
-        return list(checks.CHECKS)
-    by_name = {check.name: check for check in checks.CHECKS}
+        return list(available)
+    by_name = {check.name: check for check in available}
     names = list(dict.fromkeys(only))
     unknown = [name for name in names if name not in by_name]
     if unknown:
+        opt_in = {check.name for check in checks.MULTI_WORKER_CHECKS}
+        hint = (" (it starts worker processes: add --multi-worker)"
+                if set(unknown) <= opt_in else "")
         raise command_line.UsageError(
-            f"unknown check {', '.join(unknown)}; "
+            f"unknown check {', '.join(unknown)}{hint}; "
             f"`{command_line.program_name()} verify --list` lists them")
     return [by_name[name] for name in names]
 

@@ -18,22 +18,23 @@ worker first, and where they differ the gradient raises `ValueError` on
 every worker alike; where they agree, each worker adds 1/W of it to what it
 all-reduces (W workers), so the all-reduce adds it up once.
 
-A source none of whose local components took part is None on this worker.
-Eagerly, whether each source took part on any worker is all-reduced first
-(one small collective), so that every worker reduces the same sources: a
-source that took part on some workers only gets zeros from the others, and
-one that took part nowhere is None on every worker (zeros with
-`unconnected_gradients=ZERO`). In a `tf.function` that is the trace's, the
-same on every worker. `IndexedSlices` that every replica contributed are
-gathered, rows concatenated; a source that is sparse on some replicas and
-dense or unconnected on others is reduced dense.
+Eagerly, what took part on each worker (how many of its replicas have a
+dense or a sparse gradient, and whether it has a term outside the
+replicas) is all-reduced first, one small collective, so that every worker
+reduces the same sources the same way: a source that took part on some
+workers only gets zeros from the others, one that took part nowhere is None
+on every worker (zeros with `unconnected_gradients=ZERO`), and a term
+outside the replicas that only some workers have is refused on every
+worker. In a `tf.function` that is the trace's, the same on every worker.
+`IndexedSlices` that every replica contributed (and no term outside them)
+are gathered, rows concatenated; anything else is reduced dense.
 
 Refused with `ValueError`, raised by every worker alike (the conditions
 are the program's, the same on every worker): another tape recording (its
 gradient would go through the all-reduce: second order), the gradient
 taken inside a control-flow body or what `jacobian` vectorizes, and a
-source that was also read by a route that cannot be told apart
-(`cross_replica_reads.read_directly`).
+source also read by a route that cannot be told apart from its replicas'
+reads (`cross_replica_reads.direct_read`).
 """
 
 import numpy as np
@@ -118,15 +119,15 @@ def reduce(strategy, items):
 
 def _reduce(strategy, items):
     workers = strategy.extended._num_workers
-    items = _outside_terms_checked(strategy, items)
+    plans = _plans(strategy, items)
+    items = _outside_terms_checked(strategy, items, plans)
     shares = []
-    kinds = _kinds(strategy, [parts for _, parts, _ in items])
-    for (variable, parts, outside), kind in zip(items, kinds):
-        if kind is None:
+    for (variable, parts, outside), plan in zip(items, plans):
+        if plan is None:
             shares.append(None)
             continue
         parts = list(parts)
-        if kind == "dense" or outside is not None:
+        if plan == "dense":
             parts = [_dense(part, variable, component) for part, component in
                      zip(parts, strategy.experimental_local_results(variable))]
         if outside is not None:
@@ -155,57 +156,63 @@ def _dense(part, variable, component):
     return ops.convert_to_tensor(part)
 
 
-def _kinds(strategy, gradients):
-    """For each source's component gradients, how it is reduced: "sparse"
-    (IndexedSlices from every replica of every worker), "dense", or None
-    (no replica of any worker took part). Eagerly from an all-reduce of
-    what took part on each replica; in a graph from this worker's, which is
-    every worker's (the same trace)."""
-    local = np.array([[[g is not None and not _is_sparse(g), _is_sparse(g)]
-                       for g in parts] for parts in gradients], np.float32)
-    # local: [source, local replica, (dense, sparse)]
-    if context.executing_eagerly() and len(gradients):
-        counts = _all_reduced_counts(strategy, local)
-        replicas = strategy.num_replicas_in_sync
+def _plans(strategy, items):
+    """How each source is reduced: "sparse" (IndexedSlices from every
+    replica of every worker, and no term outside the replicas), "dense", or
+    None (no replica of any worker took part, and no term). Eagerly from an
+    all-reduce of what took part on each worker; in a graph from this
+    worker's, which is every worker's (the same trace).
+
+    Raises:
+        ValueError: eagerly, some workers have a term outside the replicas
+            for a source and others not (`_differs`).
+    """
+    local = np.array([[sum(g is not None and not _is_sparse(g) for g in parts),
+                       sum(_is_sparse(g) for g in parts), outside is not None]
+                      for _, parts, outside in items], np.float32).reshape(-1, 3)
+    if context.executing_eagerly() and items:
+        counts = _all_reduced(strategy, local)
+        replicas, workers = strategy.num_replicas_in_sync, strategy.extended._num_workers
     else:
-        counts = local.sum(axis=1)
-        replicas = local.shape[1] if len(gradients) else 0
-    kinds = []
-    for dense, sparse in counts:
-        if dense + sparse == 0:
-            kinds.append(None)
-        elif sparse == replicas:
-            kinds.append("sparse")
+        counts = local
+        replicas, workers = len(strategy.extended.worker_devices), 1
+    plans = []
+    for (variable, _, _), (dense, sparse, outside) in zip(items, counts):
+        if 0 < outside < workers:
+            raise _differs(variable)
+        if dense + sparse + outside == 0:
+            plans.append(None)
+        elif sparse == replicas and not outside:
+            plans.append("sparse")
         else:
-            kinds.append("dense")
-    return kinds
+            plans.append("dense")
+    return plans
 
 
 def _is_sparse(gradient):
     return isinstance(gradient, indexed_slices.IndexedSlices)
 
 
-def _all_reduced_counts(strategy, local):
-    """[source, (dense, sparse)]: how many replicas of all workers have a
-    dense and a sparse gradient for each source (eagerly)."""
-    devices = strategy.extended.worker_devices
-    per_replica = []
-    for index, device in enumerate(devices):
+def _all_reduced(strategy, local):
+    """`local` (this worker's counts) summed over every worker (eagerly)."""
+    copies = []
+    for index, device in enumerate(strategy.extended.worker_devices):
         with ops.device(device):
-            per_replica.append(constant_op.constant(local[:, index, :]))
-    value = values_lib.PerReplica(tuple(per_replica))
+            copies.append(constant_op.constant(local if index == 0 else 0.0 * local))
+    value = values_lib.PerReplica(tuple(copies))
     with compat.stop_recording():
         reduced, = strategy.extended.batch_reduce_to(
             reduce_util.ReduceOp.SUM, [(value, value)])
     return strategy.experimental_local_results(reduced)[0].numpy()
 
 
-def _outside_terms_checked(strategy, items):
+def _outside_terms_checked(strategy, items, plans):
     """`items` with what the reads outside the replicas contributed checked
     to be the same on every worker (`worker_agreement.checked`: eagerly
     ValueError where not, in a graph an assertion the all-reduce waits
     for)."""
-    outside = [index for index, (_, _, term) in enumerate(items) if term is not None]
+    outside = [index for index, (_, _, term) in enumerate(items)
+               if term is not None and plans[index] is not None]
     if not outside:
         return items
     terms = worker_agreement.checked(
