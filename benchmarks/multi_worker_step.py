@@ -2,7 +2,9 @@
 MultiWorkerMirroredStrategy on loopback, both with tfdtape installed.
 
 - tutorial: tape, gradient and `apply_gradients` inside `strategy.run` (the
-  optimizer all-reduces the gradients across the workers);
+  optimizer all-reduces the gradients across the workers), and the loss
+  reduced with `strategy.reduce` for the step to return, as TensorFlow's
+  custom-training tutorial does;
 - spanning: the tape around `strategy.run` and `strategy.reduce`, the
   gradient all-reduced across the workers by `tape.gradient`, applied once
   in cross-replica context.
@@ -75,12 +77,14 @@ def _worker(style, mode, layers, steps):
             with tf.GradientTape() as tape:
                 loss = share(x, y)
             optimizer.apply_gradients(zip(tape.gradient(loss, variables), variables))
-        strategy.run(replica_step, args=(x, y))
+            return loss
+        return strategy.reduce("SUM", strategy.run(replica_step, args=(x, y)), axis=None)
 
     def spanning():
         with tf.GradientTape() as tape:
             loss = strategy.reduce("SUM", strategy.run(share, args=(x, y)), axis=None)
         optimizer.apply_gradients(zip(tape.gradient(loss, variables), variables))
+        return loss
 
     step = tutorial if style == "tutorial" else spanning
     if mode == "tf_function":

@@ -197,11 +197,20 @@ def here(mirrored):
     return total
 
 
+_IDENTITIES = ("Identity", "IdentityN")
+
+
 def is_total(value):
     """Whether `value` is a total `reduce` handed out (here: eagerly, or in
-    the current graph) that is still alive."""
-    memo = (_copies if context.executing_eagerly()
-            else getattr(ops.get_default_graph(), _GRAPH_MEMO, None))
+    the current graph) that is still alive; in a graph also an identity of
+    one (Keras passes gradients through `IdentityN` there)."""
+    if context.executing_eagerly():
+        memo = _copies
+    else:
+        memo = getattr(ops.get_default_graph(), _GRAPH_MEMO, None)
+        while (memo and id(value) not in memo and isinstance(value, compat.Tensor) and
+               value.op.type in _IDENTITIES):
+            value = value.op.inputs[value.value_index]
     found = memo.get(id(value)) if memo else None
     return found is not None and found[0]() is value
 
