@@ -37,14 +37,18 @@ source also read by a route that cannot be told apart from its replicas'
 reads (`cross_replica_reads.direct_read`).
 """
 
+import weakref
+
 import numpy as np
 from tensorflow.python.distribute import reduce_util
 from tensorflow.python.distribute import values as values_lib
 from tensorflow.python.eager import context
 from tensorflow.python.framework import constant_op
+from tensorflow.python.framework import dtypes
 from tensorflow.python.framework import indexed_slices
 from tensorflow.python.framework import ops
 from tensorflow.python.ops import array_ops
+from tensorflow.python.ops import math_ops
 
 from tfdtape import compat
 from tfdtape import component_totals
@@ -118,33 +122,178 @@ def reduce(strategy, items):
 
 
 def _reduce(strategy, items):
-    workers = strategy.extended._num_workers
-    plans = _plans(strategy, items)
+    if context.executing_eagerly():
+        return _reduce_eagerly(strategy, items)
+    plans = [_form(_counts(parts, outside)) for _, parts, outside in items]
     items = _outside_terms_checked(strategy, items, plans)
-    shares = []
-    for (variable, parts, outside), plan in zip(items, plans):
-        if plan is None:
-            shares.append(None)
-            continue
-        parts = list(parts)
-        if plan == "dense":
-            parts = [_dense(part, variable, component) for part, component in
-                     zip(parts, strategy.experimental_local_results(variable))]
-        if outside is not None:
-            parts[0] = parts[0] + ops.convert_to_tensor(outside) / workers
-        shares.append(values_lib.PerReplica(tuple(parts)))
-    reducing = [(share, variable) for share, (variable, _, _) in zip(shares, items)
-                if share is not None]
-    totals = [None] * len(items)
-    if reducing:
-        with compat.stop_recording():
-            reduced = strategy.extended.batch_reduce_to(
-                reduce_util.ReduceOp.SUM, reducing)
-        reduced = iter(reduced)
-        for index, share in enumerate(shares):
-            if share is not None:
-                totals[index] = component_totals.here(next(reduced))
+    reduced = _all_reduce(strategy, [
+        _share(strategy, variable, parts, outside, plan)
+        for (variable, parts, outside), plan in zip(items, plans) if plan is not None],
+        [variable for (variable, _, _), plan in zip(items, plans) if plan is not None])
+    return [None if plan is None else component_totals.here(next(reduced))
+            for plan in plans]
+
+
+def _reduce_eagerly(strategy, items):
+    """Eagerly, what took part on each worker (`_counts`) is summed over
+    the workers with the gradients, packed with them (`_packed`), and
+    each source is reduced in the form those counts call for (`_form`):
+    the form it took the last time, remembered alike on every worker, and,
+    where that is not the one called for now, reduced again in that one
+    (the first time, the counts go first, alone)."""
+    workers = strategy.extended._num_workers
+    counts = np.array([_counts(parts, outside) for _, parts, outside in items],
+                      np.float32).reshape(-1, 3)
+    remembered = [_learned.get(id(variable), (None, None))[1] for variable, _, _ in items]
+    if None in remembered:
+        _, total = _packed(strategy, items, [None] * len(items), counts)
+        forms = [_form(row) for row in total]
+        reduced, _ = _packed(strategy, items, forms)
+    else:
+        reduced, total = _packed(strategy, items, remembered, counts)
+        forms = [_form(row) for row in total]
+        again = [form if form not in (None, given) else None
+                 for form, given in zip(forms, remembered)]
+        if any(again):
+            for index, value in enumerate(_packed(strategy, items, again)[0]):
+                if again[index] is not None:
+                    reduced[index] = value
+    totals = []
+    for (variable, _, _), (_, _, terms), form, value in zip(items, total, forms, reduced):
+        if 0 < terms < workers:
+            raise _differs(variable)
+        _learn(variable, form or "dense")
+        totals.append(None if form is None else component_totals.here(value))
+    checked = [index for index, ((_, _, outside), total) in enumerate(zip(items, totals))
+               if outside is not None and total is not None]
+    if checked:
+        worker_agreement.checked(
+            strategy, [items[index][2] for index in checked],
+            lambda position: _differs(items[checked[position]][0]))
     return totals
+
+
+def _form(counts):
+    """How a source's total is formed from its counts summed over the
+    workers, as one process forms it (`component_totals.sum_components`):
+    None where nothing took part, "sparse" where only IndexedSlices did
+    (rows concatenated), else "dense". Some workers' term outside the
+    replicas but not all's is refused after the reduction."""
+    dense, sparse, outside = counts
+    if dense + sparse + outside == 0:
+        return None
+    return "sparse" if dense == 0 and outside == 0 else "dense"
+
+
+def _packed(strategy, items, forms, counts=None):
+    """Eagerly: ([total or None] of `items`, each reduced in its form (None:
+    not reduced), and `counts` summed over the workers, or None), through
+    one `batch_reduce_to`.
+
+    TensorFlow launches one collective per tensor eagerly; here the dense
+    shares of each dtype (and the counts, with the first) are packed into
+    one flat tensor per replica, as its graphs pack them, so that the
+    reduction costs one launch, not one per variable. IndexedSlices go as
+    they are (each an all-gather of rows)."""
+    devices = strategy.extended.worker_devices
+    groups = {}  # dtype -> [index of a dense share]
+    for index, form in enumerate(forms):
+        if form == "dense":
+            groups.setdefault(items[index][0].dtype.base_dtype, []).append(index)
+    shares = {index: _share(strategy, *items[index], form)
+              for index, form in enumerate(forms) if form is not None}
+    packs = []  # (dense indices, with the counts, PerReplica of flat tensors)
+    for position, indices in enumerate(groups.values()):
+        packs.append((indices, counts is not None and position == 0,
+                      _flat(devices, [shares[i] for i in indices],
+                            counts if position == 0 else None)))
+    if counts is not None and not groups:  # Nothing dense: the counts alone.
+        packs.append(([], True, _flat(devices, [], counts)))
+    sparse = [index for index, form in enumerate(forms) if form == "sparse"]
+    reduced = list(_all_reduce(
+        strategy, [pack for _, _, pack in packs] + [shares[i] for i in sparse],
+        [pack for _, _, pack in packs] + [items[i][0] for i in sparse]))
+    found = [None] * len(items)
+    summed = None
+    for (indices, with_counts, _), value in zip(packs, reduced):
+        copies = strategy.experimental_local_results(value)
+        sizes = [items[i][0].shape.num_elements() for i in indices]
+        if with_counts:
+            summed = copies[0][sum(sizes):].numpy().astype(np.float64).reshape(counts.shape)
+        pieces = [array_ops.split(copy[:sum(sizes)], sizes) if sizes else []
+                  for copy in copies]
+        for position, index in enumerate(indices):
+            shaped = [array_ops.reshape(piece[position], items[index][0].shape)
+                      for piece in pieces]
+            found[index] = shaped[0] if len(shaped) == 1 else values_lib.Mirrored(tuple(shaped))
+    for index, value in zip(sparse, reduced[len(packs):]):
+        found[index] = value
+    return found, summed
+
+
+def _flat(devices, shares, counts):
+    """A PerReplica of each replica's dense `shares` flattened and
+    concatenated, `counts` appended to the first replica's and zeros of
+    their size to the others'."""
+    parts = []
+    for index, device in enumerate(devices):
+        with ops.device(device):
+            pieces = [array_ops.reshape(share.values[index], [-1]) for share in shares]
+            if counts is not None:
+                tail = counts.reshape(-1) if index == 0 else np.zeros(counts.size, np.float32)
+                dtype = shares[0].values[index].dtype if shares else dtypes.float32
+                pieces.append(math_ops.cast(constant_op.constant(tail), dtype))
+            parts.append(pieces[0] if len(pieces) == 1 else array_ops.concat(pieces, axis=0))
+    return values_lib.PerReplica(tuple(parts))
+
+
+# Kept across importlib.reload: every worker's memory stays alike.
+_learned = globals().get("_learned", {})
+"""id(variable) -> (weak reference to it, the form its total took the last
+time: "sparse" or "dense"): the same on every worker, since it is decided
+from every worker's counts."""
+
+
+def _learn(variable, form):
+    key = id(variable)
+    try:
+        reference = weakref.ref(variable, lambda _: _learned.pop(key, None))
+    except TypeError:  # Not weakly referable: the counts go first each time.
+        return
+    _learned[key] = (reference, form)
+
+
+def _counts(parts, outside):
+    """(replicas here with a dense gradient, with a sparse one, whether a
+    term outside the replicas took part)."""
+    return (sum(g is not None and not _is_sparse(g) for g in parts),
+            sum(_is_sparse(g) for g in parts), float(outside is not None))
+
+
+def _share(strategy, variable, parts, outside, plan):
+    """This worker's share of `variable`'s total: a PerReplica of its
+    components' gradients, dense (zeros where one took no part) or sparse
+    (IndexedSlices with int64 indices, none where one took no part), with
+    1/W of the term outside the replicas added to the first."""
+    workers = strategy.extended._num_workers
+    components = strategy.experimental_local_results(variable)
+    make = _dense if plan == "dense" else _sparse
+    parts = [make(part, variable, component) for part, component in zip(parts, components)]
+    if outside is not None:
+        with ops.device(components[0].device):
+            term = ops.convert_to_tensor(outside) / workers
+            parts[0] = (parts[0] + term if plan == "dense" else
+                        _concat_rows(parts[0], _sparse(term, variable, components[0])))
+    return values_lib.PerReplica(tuple(parts))
+
+
+def _all_reduce(strategy, shares, destinations):
+    """An iterator over the SUMs across every worker of `shares`."""
+    if not shares:
+        return iter(())
+    with compat.stop_recording():
+        return iter(strategy.extended.batch_reduce_to(
+            reduce_util.ReduceOp.SUM, list(zip(shares, destinations))))
 
 
 def _dense(part, variable, component):
@@ -156,61 +305,39 @@ def _dense(part, variable, component):
     return ops.convert_to_tensor(part)
 
 
-def _plans(strategy, items):
-    """How each source is reduced: "sparse" (IndexedSlices from every
-    replica of every worker, and no term outside the replicas), "dense", or
-    None (no replica of any worker took part, and no term). Eagerly from an
-    all-reduce of what took part on each worker; in a graph from this
-    worker's, which is every worker's (the same trace).
-
-    Raises:
-        ValueError: eagerly, some workers have a term outside the replicas
-            for a source and others not (`_differs`).
-    """
-    local = np.array([[sum(g is not None and not _is_sparse(g) for g in parts),
-                       sum(_is_sparse(g) for g in parts), outside is not None]
-                      for _, parts, outside in items], np.float32).reshape(-1, 3)
-    if context.executing_eagerly() and items:
-        counts = _all_reduced(strategy, local)
-        replicas, workers = strategy.num_replicas_in_sync, strategy.extended._num_workers
-    else:
-        counts = local
-        replicas, workers = len(strategy.extended.worker_devices), 1
-    plans = []
-    for (variable, _, _), (dense, sparse, outside) in zip(items, counts):
-        if 0 < outside < workers:
-            raise _differs(variable)
-        if dense + sparse + outside == 0:
-            plans.append(None)
-        elif sparse == replicas and not outside:
-            plans.append("sparse")
+def _sparse(part, variable, component):
+    """A component's gradient as IndexedSlices with int64 indices on its
+    device (every row of a dense one; no row where it took no part)."""
+    if isinstance(part, indexed_slices.IndexedSlices) and part.indices.dtype == dtypes.int64:
+        return part
+    shape = variable.shape
+    with ops.device(component.device):
+        if part is None:
+            values = array_ops.zeros([0] + shape[1:].as_list(), variable.dtype)
+            indices = array_ops.zeros([0], dtypes.int64)
+        elif isinstance(part, indexed_slices.IndexedSlices):
+            values, indices = part.values, math_ops.cast(part.indices, dtypes.int64)
         else:
-            plans.append("dense")
-    return plans
+            values = ops.convert_to_tensor(part)
+            indices = math_ops.range(shape[0], dtype=dtypes.int64)
+        return indexed_slices.IndexedSlices(
+            values, indices, constant_op.constant(shape.as_list(), dtypes.int64))
+
+
+def _concat_rows(one, other):
+    return indexed_slices.IndexedSlices(
+        array_ops.concat([one.values, other.values], axis=0),
+        array_ops.concat([one.indices, other.indices], axis=0), one.dense_shape)
 
 
 def _is_sparse(gradient):
     return isinstance(gradient, indexed_slices.IndexedSlices)
 
 
-def _all_reduced(strategy, local):
-    """`local` (this worker's counts) summed over every worker (eagerly)."""
-    copies = []
-    for index, device in enumerate(strategy.extended.worker_devices):
-        with ops.device(device):
-            copies.append(constant_op.constant(local if index == 0 else 0.0 * local))
-    value = values_lib.PerReplica(tuple(copies))
-    with compat.stop_recording():
-        reduced, = strategy.extended.batch_reduce_to(
-            reduce_util.ReduceOp.SUM, [(value, value)])
-    return strategy.experimental_local_results(reduced)[0].numpy()
-
-
 def _outside_terms_checked(strategy, items, plans):
     """`items` with what the reads outside the replicas contributed checked
-    to be the same on every worker (`worker_agreement.checked`: eagerly
-    ValueError where not, in a graph an assertion the all-reduce waits
-    for)."""
+    to be the same on every worker (`worker_agreement.checked`: in a graph
+    an assertion the all-reduce waits for)."""
     outside = [index for index, (_, _, term) in enumerate(items)
                if term is not None and plans[index] is not None]
     if not outside:
