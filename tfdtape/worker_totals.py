@@ -20,14 +20,16 @@ all-reduces (W workers), so the all-reduce adds it up once.
 
 Eagerly, what took part on each worker (how many of its replicas have a
 dense or a sparse gradient, and whether it has a term outside the
-replicas) is all-reduced first, one small collective, so that every worker
-reduces the same sources the same way: a source that took part on some
-workers only gets zeros from the others, one that took part nowhere is None
-on every worker (zeros with `unconnected_gradients=ZERO`), and a term
-outside the replicas that only some workers have is refused on every
-worker. In a `tf.function` that is the trace's, the same on every worker.
-`IndexedSlices` that every replica contributed (and no term outside them)
-are gathered, rows concatenated; anything else is reduced dense.
+replicas) is all-reduced too, packed with the dense gradients into one
+collective, so that every worker decides alike: a source that took part
+on some workers only gets zeros from the others, one that took part
+nowhere is None on every worker (zeros with `unconnected_gradients=ZERO`),
+and a term outside the replicas that only some workers have is refused on
+every worker. Each source is reduced in the form one process gives it
+(`_form`: `IndexedSlices`, rows concatenated, where only IndexedSlices took
+part; else dense), the form it took the last time (`_learned`, the same on
+every worker), redone where the counts call for another. In a
+`tf.function` all of this is the trace's, the same on every worker.
 
 Refused with `ValueError`, raised by every worker alike (the conditions
 are the program's, the same on every worker): another tape recording (its
