@@ -189,10 +189,10 @@ def test_stock_tensorflow_cannot_run_the_spanning_loop_and_trains_the_tutorial_a
 
 def test_tfdtape_run_on_each_worker_reports_its_totals_all_reduced(tmp_path):
     """`python -m tfdtape run --json report-{task}.json` on each worker: the
-    totals counted per variable, all-reduced across both workers, said so
-    in the summary."""
+    totals counted per variable (in scope and without), all-reduced across
+    both workers, said so in the summary."""
     pattern = str(tmp_path / "report-{task}.json")
-    cases = [case(), case(mode="tf_function")]
+    cases = [case(), case(mode="tf_function"), case(scope=False)]
     results = loopback.run_processes(
         loopback.worker_configs(2),
         ["-m", "tfdtape", "run", "--quiet", "--json", pattern, PROCESS,
@@ -208,7 +208,7 @@ def test_tfdtape_run_on_each_worker_reports_its_totals_all_reduced(tmp_path):
                  t["components"], t["workers"])
                 for t in totals} == {(name, 1, 2) for name in (
                     "hidden/kernel", "hidden/bias", "out/kernel", "out/bias")}
-        assert len(totals) == 8
+        assert len(totals) == 12  # 4 variables of each case's model
         summary = " ".join(run_report.summary(report).split())
         assert "each the sum of 1 components, all-reduced across 2 workers" in summary
 

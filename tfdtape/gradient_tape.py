@@ -243,25 +243,28 @@ def _differentiate(original_gradient, tape, target, sources, output_gradients,
     totals = _totals(flat_variables, [flat_gradients[start:stop]
                                       for start, stop in spans], cross_replica,
                      outside)
-    if fill_zeros:
-        totals = [default_gradient.zeros_like(variable) if total is None else total
-                  for variable, total in zip(flat_variables, totals)]
     # Per distributed source: (source, components, how many took part,
-    # whether one beyond the first did: outside any strategy, TensorFlow's
-    # own gradient is the first's).
+    # whether its total counts as summed: in cross-replica context where
+    # any component took part; outside any strategy where one beyond the
+    # first did (TensorFlow's own gradient is the first's); across workers
+    # where any worker's did, which its total says).
     distributed = [
-        (source, stop - start,
-         sum(g is not None for g in flat_gradients[start:stop]),
-         any(g is not None for g in flat_gradients[start + 1:stop]))
-        for source, variable, (start, stop) in zip(flat_sources, flat_variables, spans)
+        (source, stop - start, sum(g is not None for g in flat_gradients[start:stop]),
+         (total is not None if _across_workers(variable) else
+          any(g is not None for g in flat_gradients[
+              (start if cross_replica else start + 1):stop])))
+        for source, variable, (start, stop), total in zip(
+            flat_sources, flat_variables, spans, totals)
         if resolution.is_distributed_variable(variable)]
     summed = tuple((source, components)
-                   for source, components, count, beyond_first in distributed
-                   if (count if cross_replica else beyond_first))
+                   for source, components, _, counted in distributed if counted)
     # One component of several: a strategy of one replica has nothing else.
     of_several = [count for _, components, count, _ in distributed if components > 1]
     one_device = (cross_replica and bool(summed) and bool(of_several) and
                   all(count <= 1 for count in of_several))
+    if fill_zeros:
+        totals = [default_gradient.zeros_like(variable) if total is None else total
+                  for variable, total in zip(flat_variables, totals)]
     workers = max([variable.distribute_strategy.extended._num_workers
                    for variable in across_workers], default=1)
     return nest.pack_sequence_as(sources, totals), summed, one_device, True, workers
