@@ -114,8 +114,7 @@ def run_case(strategy, task, case):
         text = str(error)
         return {"error": type(error).__name__,
                 "message": next((line.strip() for line in text.splitlines()
-                                 if "tfdtape: " in line), text.strip().splitlines()[-1]
-                                if text.strip() else "")}
+                                 if "tfdtape: " in line), " ".join(text.split()))}
     weights = [np.asarray(v.numpy(), np.float32) for v in variables]
     return {"weights": [w.tolist() for w in weights],
             "bytes": [w.tobytes().hex() for w in weights],

@@ -16,6 +16,7 @@ tfdtape and on stock.
 import importlib.util
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -147,15 +148,17 @@ def test_the_tutorial_loop_trains_like_one_device(two_workers):
      "tape records (MultiWorkerMirroredStrategy)"),
     ({"l2": True, "scope": False}, "also read outside the replicas by a read outside "
      "any strategy.scope()"),
-    ({"partly": "outside"}, "tfdtape: cannot count a term outside the replicas once "
-     "for 'spare/kernel:0'"),
+    # Keras 2.12 names a layer built on its own eagerly 'kernel:0'.
+    ({"partly": "outside"}, re.compile(r"tfdtape: cannot count a term outside the "
+                                       r"replicas once for '(spare/)?kernel:0'")),
 ])
 def test_what_cannot_be_exact_is_refused_on_every_worker(two_workers, choice, message):
     wanted = [c for c in REFUSED if all(c.get(k) == v for k, v in choice.items())]
     for chosen, found in zip(wanted, zip(*results_of(two_workers, wanted))):
         assert len({json.dumps(f, sort_keys=True) for f in found}) == 1, found
         assert "error" in found[0], (chosen, found[0])
-        assert message in found[0]["message"], (chosen, found[0]["message"])
+        pattern = message if isinstance(message, re.Pattern) else re.escape(message)
+        assert re.search(pattern, found[0]["message"]), (chosen, found[0]["message"])
 
 
 def test_three_workers_train_like_one_device_on_the_global_batch():
@@ -203,8 +206,9 @@ def test_tfdtape_run_on_each_worker_reports_its_totals_all_reduced(tmp_path):
         assert report["task"] == f"worker-{index}" and report["exit_status"] == 0
         totals = report["total_derivatives"]
         # Keras 3 paths ("sequential_1/hidden/kernel") or Keras 2 names
-        # ("hidden/kernel:0"): their last two parts.
-        assert {("/".join(t["source"].removesuffix(":0").split("/")[-2:]),
+        # ("hidden/kernel:0", "hidden/kernel:0 #2" for the next model's):
+        # their last two parts.
+        assert {("/".join(re.sub(r":0( #\d+)?$", "", t["source"]).split("/")[-2:]),
                  t["components"], t["workers"])
                 for t in totals} == {(name, 1, 2) for name in (
                     "hidden/kernel", "hidden/bias", "out/kernel", "out/bias")}

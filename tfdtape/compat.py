@@ -17,8 +17,13 @@
   `framework/ops.py` before (2.12).
 - `stack` (`tf.stack`) is in `ops/array_ops_stack.py` from 2.13, in
   `ops/array_ops.py` in 2.12.
+- The collective all-reduce of `IndexedSlices` across workers
+  (`CollectiveReplicaLauncher.all_reduce_indexed_slices`) raises
+  `RuntimeError` eagerly in 2.12 (TensorFlow pull request 53265 lifted
+  that); it runs in a `tf.function` there.
 """
 
+from tensorflow.python.distribute import cross_device_utils
 from tensorflow.python.distribute import distribute_lib
 from tensorflow.python.eager import tape as tape_module
 
@@ -57,3 +62,9 @@ try:
 except ImportError:  # TensorFlow 2.12
     from tensorflow.python.ops.array_ops import stack  # noqa: F401 (the export)
 """`tf.stack`."""
+
+EAGER_SPARSE_ALL_REDUCE = (
+    "all_reduce_indexed_slices is not supported in eager mode." not in
+    cross_device_utils.CollectiveReplicaLauncher.all_reduce_indexed_slices.__code__.co_consts)
+"""Whether MultiWorkerMirroredStrategy all-reduces `IndexedSlices` eagerly
+(False in 2.12: its launcher raises there, only a `tf.function` may)."""

@@ -45,6 +45,7 @@ import numpy as np
 from tensorflow.python.distribute import reduce_util
 from tensorflow.python.distribute import values as values_lib
 from tensorflow.python.eager import context
+from tensorflow.python.eager import def_function
 from tensorflow.python.framework import constant_op
 from tensorflow.python.framework import dtypes
 from tensorflow.python.framework import indexed_slices
@@ -290,12 +291,31 @@ def _share(strategy, variable, parts, outside, plan):
 
 
 def _all_reduce(strategy, shares, destinations):
-    """An iterator over the SUMs across every worker of `shares`."""
+    """An iterator over the SUMs across every worker of `shares`: eagerly
+    inside a `tf.function` where some are IndexedSlices and TensorFlow
+    gathers them in graphs only (`compat.EAGER_SPARSE_ALL_REDUCE`), as its
+    own eager `strategy.gather` does."""
     if not shares:
         return iter(())
+    pairs = list(zip(shares, destinations))
+
+    def reduced():
+        return strategy.extended.batch_reduce_to(reduce_util.ReduceOp.SUM, pairs)
+
     with compat.stop_recording():
-        return iter(strategy.extended.batch_reduce_to(
-            reduce_util.ReduceOp.SUM, list(zip(shares, destinations))))
+        if (context.executing_eagerly() and not compat.EAGER_SPARSE_ALL_REDUCE and
+                any(_is_sparse(value) for share in shares for value in share.values)):
+            return iter(_traced(strategy, reduced))
+        return iter(reduced())
+
+
+def _traced(strategy, reduced):
+    """What `reduced()` returns, run in a `tf.function` traced for this call
+    (each result's local copies come out; a Mirrored is rebuilt of them)."""
+    copies = def_function.function(lambda: [
+        tuple(strategy.experimental_local_results(value)) for value in reduced()])()
+    return [values[0] if len(values) == 1 else values_lib.Mirrored(values)
+            for values in copies]
 
 
 def _dense(part, variable, component):
