@@ -90,7 +90,10 @@ def run_case(strategy, task, case):
             gradients = wt.transformed(case, tape.gradient(
                 loss, variables, unconnected_gradients=unconnected), local)
         nones.append([g is None for g in gradients])
-        optimizer.apply_gradients(zip(gradients, variables), **wt.apply_options(case))
+        if case.get("apply") == "inside":  # The total applied per replica.
+            strategy.run(lambda: optimizer.apply_gradients(zip(gradients, variables)))
+        else:
+            optimizer.apply_gradients(zip(gradients, variables), **wt.apply_options(case))
 
     def tutorial():
         def replica_step(x, y):

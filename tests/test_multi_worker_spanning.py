@@ -62,6 +62,8 @@ REFUSED = [case(mode=mode, **choices)
            for choices in ({"l2": "varying"}, {"transform": "local_scale"},
                            {"nested": True}, {"l2": True, "scope": False})]
 REFUSED += [case(spare=True, partly="outside")]
+REFUSED += [case(mode=mode, apply="inside", optimizer=optimizer)
+            for mode in ("eager", "tf_function") for optimizer in ("sgd", "adam")]
 PARTLY = [case(spare=True, partly="inside", optimizer=optimizer)
           for optimizer in ("sgd", "adam")]
 """Eagerly, a term only worker 0 computes: inside the replicas it takes part
@@ -146,6 +148,9 @@ def test_the_tutorial_loop_trains_like_one_device(two_workers):
      "workers (tf.__internal__.distribute.interim.maybe_merge_call)"),
     ({"nested": True}, "tfdtape: cannot take a gradient across workers while another "
      "tape records (MultiWorkerMirroredStrategy)"),
+    # Eagerly 2x on 2 workers before the refusal; stock: the handle error.
+    ({"apply": "inside"}, "tfdtape: cannot all-reduce a total over the replicas again "
+     "(tf.distribute.ReplicaContext.all_reduce)"),
     ({"l2": True, "scope": False}, "also read outside the replicas by a read outside "
      "any strategy.scope()"),
     # Keras 2.12 names a layer built on its own eagerly 'kernel:0'.

@@ -1,7 +1,7 @@
-"""The scale traps of a tape around strategy.run (tfdtape.scale_traps): a
-MEAN of compute_average_loss gives 1/N of the gradient, a total applied
-inside strategy.run by Keras 3's LossScaleOptimizer N times; the run report
-warns about both, and never about the correct programs beside them.
+"""The scale traps of a tape around strategy.run: a MEAN of
+compute_average_loss gives 1/N of the gradient (tfdtape.scale_traps: the
+run report warns, and never about the correct programs beside it); a total
+applied inside strategy.run would count once per replica (refused).
 
 In-process with a recorder (as `python -m tfdtape run` has one), on
 MirroredStrategy(4), Keras 3 and Keras 2, eagerly and in a tf.function;
@@ -58,6 +58,11 @@ class Program:
 
     def mean_loss(self, x, y):
         return tf.reduce_mean(self.per_example(x, y))
+
+    def local_average_loss(self, x, y):
+        """compute_average_loss told the replica's own batch: a mean."""
+        return tf.nn.compute_average_loss(self.per_example(x, y),
+                                          global_batch_size=8 // REPLICAS)
 
     def spanning(self, share, reduction):
         """The gradients of a tape around strategy.run reducing `share`
@@ -177,18 +182,30 @@ def test_a_total_applied_in_cross_replica_context_is_not_warned_about(
 
 
 @pytest.mark.skipif(not is_keras3(tf.keras), reason="Keras 3's optimizers")
-@pytest.mark.parametrize("scaled, factor, warned", [
-    (False, 1, 0),         # the one tensor every replica holds, counted once
-    (True, REPLICAS, REPLICAS),   # each replica's unscaled copy, added up
-])
-def test_a_total_applied_inside_strategy_run_is_warned_about_where_it_counts_n_times(
-        strategy, configuration, scaled, factor, warned):
-    """Eagerly (in a tf.function both raise, stock too): Keras 3's SGD
-    all-reduces the tensor every replica was handed, which TensorFlow
-    counts once; its LossScaleOptimizer unscales a copy in each replica,
-    and the inner optimizer adds the N copies up."""
+def test_a_mean_of_per_replica_means_by_compute_average_loss_is_not_warned_about(
+        strategy, configuration, keras_name):
+    """compute_average_loss told the replica's own batch size (eagerly, where
+    the batch size is static) makes a per-replica mean: its MEAN is right."""
     if configuration not in PATCHED_CONFIGURATIONS:
         return  # stock cannot take the total (the test above)
+    program = Program(strategy, keras_name)
+    found, warnings = run(scoped(lambda: program.spanning(
+        program.local_average_loss, "MEAN"), strategy), "eager")
+    for gradient, one_device in zip(found, one_device_gradients(program.keras)):
+        np.testing.assert_allclose(gradient.numpy(), one_device, rtol=1e-5)
+    assert warnings == []
+
+
+@pytest.mark.parametrize("scaled", [False, True])
+def test_a_total_applied_inside_strategy_run_is_refused(strategy, configuration, scaled, mode):
+    """A total handed to an optimizer inside strategy.run would be added up
+    once per replica (measured before the refusal: 4 times with Keras 3's
+    LossScaleOptimizer eagerly, 2 times on 2 workers with its SGD eagerly,
+    2 times in a tf.function): refused, with the weights untouched (also
+    what was computed from it in a tf.function: an unscale). Stock cannot
+    take the total (the test above)."""
+    if configuration not in PATCHED_CONFIGURATIONS:
+        return
     program = Program(strategy, "tf.keras")
     if scaled:
         with strategy.scope():
@@ -201,13 +218,13 @@ def test_a_total_applied_inside_strategy_run_is_warned_about_where_it_counts_n_t
         gradients = program.spanning(program.average_loss, "SUM")
         strategy.run(lambda g: program.optimizer.apply(
             g, program.model.trainable_variables), args=(gradients,))
-        return gradients
 
-    gradients, warnings = run(scoped(step, strategy), "eager")
-    for old, new, gradient in zip(before, program.weights(), gradients):
-        np.testing.assert_allclose(new, old - 0.1 * factor * gradient.numpy(),
-                                   rtol=1e-5, atol=1e-7)
-    assert warnings == ([(scale_traps.TOTAL_REDUCED_AGAIN, warned)] if warned else [])
+    with pytest.raises(ValueError, match="tfdtape: cannot all-reduce a total over the "
+                       "replicas again") as raised:
+        run(scoped(step, strategy), mode)
+    assert "call optimizer.apply_gradients outside strategy.run" in str(raised.value)
+    for old, new in zip(before, program.weights()):
+        np.testing.assert_array_equal(new, old)
 
 
 def test_the_tutorial_loop_is_not_warned_about(strategy, keras_name, mode):
@@ -234,10 +251,7 @@ def test_the_run_report_names_both_traps_and_nothing_else(tmp_path):
     located = [(w["kind"], w["location"], w["count"]) for w in report["warnings"]]
     assert located == [
         (scale_traps.MEAN_OF_AVERAGE_LOSSES,
-         f"{script}:{script_line('scale_traps.py', '# REDUCE')}", 1),
-        (scale_traps.TOTAL_REDUCED_AGAIN,
-         f"{script}:{script_line('scale_traps.py', '# APPLY')}", 2)]
+         f"{script}:{script_line('scale_traps.py', '# REDUCE')}", 1)]
     summary = summary_of(completed.stderr)
-    assert "Warnings: 2" in summary.splitlines()
+    assert "Warnings: 1" in summary.splitlines()
     assert "Reduce them with SUM" in " ".join(summary.split())
-    assert "Apply it in cross-replica context" in " ".join(summary.split())

@@ -26,7 +26,9 @@ A case is a dict:
 - transform: what the step does to the gradients before the apply: "none",
   "clip" (tf.clip_by_global_norm to CLIP) or "local_scale" (times this
   worker's local loss: different on every worker);
-- nested: whether a second tape records around the step's tape.
+- nested: whether a second tape records around the step's tape;
+- apply: "inside" to apply the spanning step's gradients inside
+  strategy.run (each worker's copy of the total all-reduced again).
 Every target is, on one device, the mean squared error over the global
 batch (plus the L2 term once).
 """

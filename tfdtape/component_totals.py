@@ -215,6 +215,80 @@ def is_total(value):
     return found is not None and found[0]() is value
 
 
+# Kept across importlib.reload: totals noted stay noted.
+_over_replicas = globals().get("_over_replicas", {})
+"""id(tensor) -> weak reference to it: the totals over the replicas'
+components `tape.gradient` handed out in cross-replica context (eagerly
+and in graphs); an entry goes with its tensor."""
+
+
+def note_over_replicas(totals):
+    """Notes `totals` (tensors, IndexedSlices or None), gradients of
+    distributed variables summed over their components in cross-replica
+    context, for `made_of_total`."""
+    for total in totals:
+        if isinstance(total, indexed_slices.IndexedSlices):
+            total = total.values
+        if not isinstance(total, compat.Tensor):
+            continue
+        key = id(total)
+        _over_replicas[key] = weakref.ref(total, lambda _, key=key: _over_replicas.pop(key, None))
+
+
+def _noted_over_replicas(value):
+    reference = _over_replicas.get(id(value))
+    return reference is not None and reference() is value
+
+
+_DERIVED_DEPTH = 8
+"""How many ops back `made_of_total` looks in a graph (an unscale, a clip
+by global norm and Keras's identities take fewer)."""
+
+
+def made_of_total(value):
+    """Whether `value` (a tensor or IndexedSlices) is a total over the
+    replicas' components (`note_over_replicas`, or a total `reduce` handed
+    out here: `is_total`), or, in a graph, computed from one within
+    `_DERIVED_DEPTH` ops. Eagerly a tensor keeps no history: only the
+    total itself is recognised."""
+    if isinstance(value, indexed_slices.IndexedSlices):
+        value = value.values
+    if not isinstance(value, compat.Tensor):
+        return False
+    if context.executing_eagerly():
+        return _noted_over_replicas(value) or is_total(value)
+    if not (_over_replicas or getattr(ops.get_default_graph(), _GRAPH_MEMO, None)):
+        return False
+    captured = _captured_from_outside(ops.get_default_graph())
+    frontier, seen = [value], set()
+    for _ in range(_DERIVED_DEPTH):
+        following = []
+        for tensor in frontier:
+            if id(tensor) in seen:
+                continue
+            seen.add(id(tensor))
+            if _noted_over_replicas(tensor) or is_total(tensor):
+                return True
+            outside = captured.get(id(tensor))
+            if outside is not None:
+                following.append(outside)
+            elif not isinstance(tensor, ops.EagerTensor):  # Eager: no history.
+                following.extend(tensor.op.inputs)
+        frontier = following
+    return False
+
+
+def _captured_from_outside(graph):
+    """id(placeholder) -> the tensor it captures, for `graph` and the
+    graphs around it (a tf.cond branch, a loop body, a tf.function)."""
+    captured = {}
+    while graph is not None and hasattr(graph, "captures"):
+        for external, internal in graph.captures:
+            captured[id(internal)] = external
+        graph = getattr(graph, "outer_graph", None)
+    return captured
+
+
 def per_device(structure):
     """`structure` with each total `reduce` handed out (here: eagerly, or in
     the current graph) replaced by its Mirrored value (a copy on each

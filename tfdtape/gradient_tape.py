@@ -44,7 +44,6 @@ from tfdtape import keras_variables
 from tfdtape import on_read_sources
 from tfdtape import replica_recording
 from tfdtape import resolution
-from tfdtape import scale_traps
 from tfdtape import tracing
 from tfdtape import visiting_watch
 from tfdtape import worker_totals
@@ -178,8 +177,6 @@ def make_gradient(original_gradient):
             raise
         tracing.note_totals(totals, summing)
         if tracing.active:
-            if summing:
-                scale_traps.note_totals(result)
             _report(self, recorded, sources, result, totals, one_device,
                     summing, workers, sys._getframe(1))
         return result
@@ -267,6 +264,10 @@ def _differentiate(original_gradient, tape, target, sources, output_gradients,
                   for variable, total in zip(flat_variables, totals)]
     workers = max([variable.distribute_strategy.extended._num_workers
                    for variable in across_workers], default=1)
+    if cross_replica:
+        component_totals.note_over_replicas(
+            total for variable, total in zip(flat_variables, totals)
+            if resolution.is_distributed_variable(variable))
     return nest.pack_sequence_as(sources, totals), summed, one_device, True, workers
 
 

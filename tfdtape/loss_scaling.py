@@ -34,8 +34,7 @@ import sys
 
 from tfdtape import compat
 from tfdtape import merge_calls
-from tfdtape import scale_traps
-from tfdtape import tracing
+from tfdtape import replica_collectives
 
 ATTRIBUTE = "_tf_apply"
 PARAMETERS = ("self", "grads", "trainable_variables")
@@ -71,8 +70,11 @@ def make_tf_apply(original):
         if (replica_context is not None or
                 not compat.strategy_context.has_strategy() or
                 not hasattr(self, "_common_apply")):
-            if tracing.active and replica_context is not None:
-                scale_traps.check_applied_per_replica(grads, strategy)
+            if replica_context is not None:
+                # Each replica unscales its copy of a total, and the inner
+                # optimizer adds the copies up (measured: 4x on 4 replicas).
+                replica_collectives.check_no_total(
+                    strategy.num_replicas_in_sync, grads, _SYMBOL)
             return original(self, grads, trainable_variables)
         merge_calls.check_single_worker(strategy, _SYMBOL, "cannot apply gradients")
         merge_calls.check_no_per_replica_values((grads,), {}, _SYMBOL)

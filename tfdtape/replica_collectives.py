@@ -37,6 +37,7 @@ from tensorflow.python.framework import ops
 from tensorflow.python.util import nest
 
 from tfdtape import compat
+from tfdtape import component_totals
 from tfdtape import cross_replica_reads
 from tfdtape import errors
 from tfdtape import replica_recording
@@ -53,6 +54,7 @@ def make_all_reduce(original):
 
     def all_reduce(self, reduce_op, value, options=None):
         replica_recording.check_not_differentiating_replicas(self, _ALL_REDUCE)
+        check_no_total(self.num_replicas_in_sync, value, _ALL_REDUCE)
         if not _in_its_replica(self, _ALL_REDUCE):
             return value  # The sum, and the mean, of one replica's value.
         if not _transfers_in_the_calling_thread(self, value, _ALL_REDUCE):
@@ -67,6 +69,28 @@ def make_all_reduce(original):
 
     all_reduce.__doc__ = original.__doc__
     return all_reduce
+
+
+def check_no_total(replicas, value, symbol):
+    """Raises ValueError where `value`, all-reduced inside the replicas of
+    a strategy of several (`replicas` in sync), holds a total over the
+    replicas (the gradient of a tape around strategy.run:
+    `component_totals.made_of_total`), as an optimizer applying it inside
+    strategy.run does: TensorFlow would add up every replica's (and every
+    worker's) copy of it."""
+    if replicas < 2:
+        return
+    for item in nest.flatten(value):
+        if component_totals.made_of_total(item):
+            raise tracing.refused(ValueError(errors.message(
+                "cannot all-reduce a total over the replicas again", symbol,
+                "values computed inside the replicas",
+                "the gradient of a tape around strategy.run (already the sum "
+                "over every replica and worker), or what was computed from it, "
+                "all-reduced inside strategy.run, as an optimizer applying it "
+                "there does; every replica's copy would be added up",
+                "Apply that gradient in cross-replica context: call "
+                "optimizer.apply_gradients outside strategy.run")))
 
 
 def make_all_gather(original):

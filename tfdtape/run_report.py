@@ -45,18 +45,12 @@ WARNING_ADVICE = {
         "a cross-replica gradient that only one component of the variables "
         "took part in: the step ran on one device, not on every replica. "
         "Compute the loss inside strategy.run to train on every replica"),
-    "total all-reduced again": (
-        "a gradient that is the total over the replicas already (from a tape "
-        "around strategy.run) handed to Keras 3's LossScaleOptimizer inside "
-        "strategy.run: each replica applies its copy through the inner "
-        "optimizer's all-reduce, N times the gradient. Apply it in "
-        "cross-replica context, outside strategy.run"),
     "MEAN of compute_average_loss": (
         "strategy.reduce(MEAN) under a tape around strategy.run of losses "
         "from tf.nn.compute_average_loss, which divides by the global batch "
-        "already: the loss and its gradient are 1/N of the intended. Reduce "
-        "them with SUM (or take per-replica means, tf.reduce_mean, before a "
-        "MEAN)"),
+        "already: the MEAN is 1/N of the loss over the global batch, and so "
+        "is its gradient where the tape differentiates it. Reduce them with "
+        "SUM (or take per-replica means, tf.reduce_mean, before a MEAN)"),
     "refused by tfdtape": (
         "errors tfdtape raised (a refusal rather than a silent wrong answer, "
         "or input it cannot take), whether the script caught them or not"),

@@ -1,27 +1,19 @@
-"""Two ways a program with a tape around `strategy.run` trains silently at
+"""A way a program with a tape around `strategy.run` trains silently at
 the wrong gradient scale, noticed for `python -m tfdtape run`'s report.
 
-- **A total applied per replica.** The gradient of a tape around the run
-  (or of any tape that differentiated distributed variables by their
-  components) is the total over the replicas already. Handed to Keras 3's
-  `LossScaleOptimizer` inside `strategy.run` (what its cross-replica
-  error says to do), each replica unscales its own copy and the inner
-  optimizer's all-reduce adds them up: N times the gradient. (Other
-  optimizers applying a total inside the run either all-reduce the one
-  tensor every replica holds, which TensorFlow counts once, or raise.)
-- **The MEAN trap.** `tf.nn.compute_average_loss` divides by the global
-  batch size; `strategy.reduce("MEAN", ...)` of its results divides by the
-  number of replicas again: the loss and its gradient are 1/N of the
-  intended (TensorFlow's tutorial reduces them with SUM; a MEAN belongs with
-  per-replica means).
+**The MEAN trap.** `tf.nn.compute_average_loss` divides by the global
+batch size; `strategy.reduce("MEAN", ...)` of its results divides by the
+number of replicas again: the loss and its gradient are 1/N of the intended
+(TensorFlow's tutorial reduces them with SUM; a MEAN belongs with
+per-replica means).
 
-Only while a sink is open (`tracing.active`): the totals `tape.gradient`
-hands out and, inside `observe_average_losses()` (the run command's
-lifetime), the results of `compute_average_loss` are noted, weakly, where
-they are made; Keras 3's `LossScaleOptimizer` apply and `reduce_to` look
-for them (`check_applied_per_replica`, `check_mean`) and report a
-`tracing.WarningEvent`. A SUM of such losses and a MEAN of anything else
-are not warned about.
+Only while a sink is open (`tracing.active`) and inside
+`observe_average_losses()` (the run command's lifetime): the results of
+`compute_average_loss` are noted, weakly, where they are made; `reduce_to`
+looks for them (`check_mean`) and reports a `tracing.WarningEvent`. A SUM
+of such losses and a MEAN of anything else are not warned about. (A total
+over the replicas applied inside strategy.run, the other trap, is refused:
+`replica_collectives.check_no_total`.)
 """
 
 import contextlib
@@ -31,34 +23,25 @@ import weakref
 
 from tensorflow.python.distribute import reduce_util
 from tensorflow.python.distribute import values as values_lib
-from tensorflow.python.eager import context
 from tensorflow.python.util import nest
 
 from tfdtape import replica_recording
 from tfdtape import tracing
 
-TOTAL_REDUCED_AGAIN = "total all-reduced again"
 MEAN_OF_AVERAGE_LOSSES = "MEAN of compute_average_loss"
-"""The warning kinds this module reports."""
+"""The warning kind this module reports."""
 
-_TOTAL = "total"
 _AVERAGE_LOSS = "average loss"
 
 # Kept across importlib.reload: what was noted stays noted.
 _noted = globals().get("_noted", {})
-"""id(tensor) -> (weak reference to it, what it is: _TOTAL or _AVERAGE_LOSS);
-an entry goes with its tensor."""
+"""id(tensor) -> (weak reference to it, what it is: _AVERAGE_LOSS); an
+entry goes with its tensor."""
 
 AVERAGE_LOSS_FUNCTION = "compute_average_loss"
 _AVERAGE_LOSS_MODULES = ("tensorflow.python.ops.nn_impl_distribute",  # 2.13+
                          "tensorflow.python.ops.nn_impl")              # 2.12
 """Where TensorFlow defines `tf.nn.compute_average_loss`."""
-
-
-def note_totals(gradients):
-    """Notes the tensors of `gradients` (what one `tape.gradient` call
-    returned, total derivatives among them) as totals."""
-    _note(gradients, _TOTAL)
 
 
 def _note(structure, kind):
@@ -87,17 +70,6 @@ def _parts(value):
     return parts
 
 
-def check_applied_per_replica(gradients, strategy):
-    """Reports TOTAL_REDUCED_AGAIN when `gradients`, handed to Keras 3's
-    `LossScaleOptimizer` in replica context under `strategy` (more than one
-    replica), eagerly, hold a noted total: each replica then unscales its
-    own copy, and the inner optimizer's all-reduce adds them up (measured:
-    4 times the step on 4 replicas; in a tf.function it raises)."""
-    if (strategy.num_replicas_in_sync > 1 and _noted and context.executing_eagerly() and
-            any(_kind(gradient) == _TOTAL for gradient in nest.flatten(gradients))):
-        tracing.warn(TOTAL_REDUCED_AGAIN, sys._getframe(1))
-
-
 def check_mean(reduce_op, value):
     """Reports MEAN_OF_AVERAGE_LOSSES when `value`, about to be reduced with
     MEAN under a tape recording around a strategy.run in this thread, holds
@@ -113,6 +85,17 @@ def _is_mean(reduce_op):
     if isinstance(reduce_op, str):
         return reduce_op.upper() == "MEAN"
     return reduce_op == reduce_util.ReduceOp.MEAN
+
+
+def _divides_by_local_batch(args, kwargs):
+    """Whether a `compute_average_loss(per_example_loss, sample_weight,
+    global_batch_size)` call was given its per-example losses' own (static)
+    batch size: a per-replica mean, which a MEAN reduces rightly."""
+    losses = args[0] if args else kwargs.get("per_example_loss")
+    given = args[2] if len(args) > 2 else kwargs.get("global_batch_size")
+    shape = getattr(losses, "shape", None)
+    local = shape[0] if shape is not None and shape.rank else None
+    return isinstance(given, int) and local is not None and given == local
 
 
 @contextlib.contextmanager
@@ -133,7 +116,7 @@ def observe_average_losses():
     @functools.wraps(original)
     def compute_average_loss(*args, **kwargs):
         loss = original(*args, **kwargs)
-        if tracing.active:
+        if tracing.active and not _divides_by_local_batch(args, kwargs):
             _note(loss, _AVERAGE_LOSS)
         return loss
 

@@ -1,9 +1,8 @@
-"""The two scale traps of a tape around strategy.run on MirroredStrategy(2)
-with Keras 3: a MEAN of compute_average_loss (1/N of the gradient) and a
-total applied inside strategy.run by a LossScaleOptimizer (N times); and
-the correct programs beside them, which must not be warned about: the
-tutorial's SUM, a MEAN of per-replica means, the total applied in
-cross-replica context, and the tutorial loop."""
+"""The MEAN trap of a tape around strategy.run on MirroredStrategy(2) with
+Keras 3: a MEAN of compute_average_loss (1/N of the gradient); and the
+correct programs beside it, which must not be warned about: the tutorial's
+SUM, a MEAN of per-replica means, the total applied by a LossScaleOptimizer
+in cross-replica context, and the tutorial loop."""
 
 import tensorflow as tf
 
@@ -41,7 +40,7 @@ def spanning_gradients(share, reduction):
 
 
 def apply(gradients):
-    optimizer.apply(gradients, model.trainable_variables)  # APPLY
+    optimizer.apply(gradients, model.trainable_variables)
 
 
 def tutorial_step(x, y):
@@ -54,6 +53,5 @@ with strategy.scope():
     apply(spanning_gradients(average_loss, "SUM"))
     apply(spanning_gradients(mean_loss, "MEAN"))
     mean_trap = spanning_gradients(average_loss, "MEAN")
-    strategy.run(apply, args=(spanning_gradients(average_loss, "SUM"),))
 strategy.run(tutorial_step, args=(x, y))
 print("trained")
