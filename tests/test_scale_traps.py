@@ -196,6 +196,7 @@ def test_a_mean_of_per_replica_means_by_compute_average_loss_is_not_warned_about
     assert warnings == []
 
 
+@pytest.mark.skipif(not is_keras3(tf.keras), reason="Keras 3's optimizers (apply)")
 @pytest.mark.parametrize("scaled", [False, True])
 def test_a_total_applied_inside_strategy_run_is_refused(strategy, configuration, scaled, mode):
     """A total handed to an optimizer inside strategy.run would be added up
