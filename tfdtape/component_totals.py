@@ -216,10 +216,10 @@ def is_total(value):
 
 
 # Kept across importlib.reload: totals noted stay noted.
-_over_replicas = globals().get("_over_replicas", {})
-"""id(tensor) -> weak reference to it: the totals over the replicas'
+_over_replicas = globals().get("_over_replicas", weakref.WeakValueDictionary())
+"""id(tensor) -> the tensor, held weakly: every total over the replicas'
 components `tape.gradient` handed out in cross-replica context (eagerly
-and in graphs); an entry goes with its tensor."""
+and in graphs; across workers too)."""
 
 
 def note_over_replicas(totals):
@@ -229,15 +229,12 @@ def note_over_replicas(totals):
     for total in totals:
         if isinstance(total, indexed_slices.IndexedSlices):
             total = total.values
-        if not isinstance(total, compat.Tensor):
-            continue
-        key = id(total)
-        _over_replicas[key] = weakref.ref(total, lambda _, key=key: _over_replicas.pop(key, None))
+        if isinstance(total, compat.Tensor):
+            _over_replicas[id(total)] = total
 
 
-def _noted_over_replicas(value):
-    reference = _over_replicas.get(id(value))
-    return reference is not None and reference() is value
+def _noted(tensor):
+    return _over_replicas.get(id(tensor)) is tensor
 
 
 _DERIVED_DEPTH = 8
@@ -245,29 +242,28 @@ _DERIVED_DEPTH = 8
 by global norm and Keras's identities take fewer)."""
 
 
-def made_of_total(value):
-    """Whether `value` (a tensor or IndexedSlices) is a total over the
-    replicas' components (`note_over_replicas`, or a total `reduce` handed
-    out here: `is_total`), or, in a graph, computed from one within
-    `_DERIVED_DEPTH` ops. Eagerly a tensor keeps no history: only the
-    total itself is recognised."""
-    if isinstance(value, indexed_slices.IndexedSlices):
-        value = value.values
-    if not isinstance(value, compat.Tensor):
+def made_of_total(structure):
+    """Whether a tensor or IndexedSlices of `structure` is a total over the
+    replicas' components (`note_over_replicas`) or, in a graph, computed
+    from one within `_DERIVED_DEPTH` ops (one walk for the whole
+    structure). Eagerly a tensor keeps no history: only the total itself
+    is recognised."""
+    if not _over_replicas:
         return False
+    frontier = [item.values if isinstance(item, indexed_slices.IndexedSlices) else item
+                for item in nest.flatten(structure)]
+    frontier = [item for item in frontier if isinstance(item, compat.Tensor)]
     if context.executing_eagerly():
-        return _noted_over_replicas(value) or is_total(value)
-    if not (_over_replicas or getattr(ops.get_default_graph(), _GRAPH_MEMO, None)):
-        return False
+        return any(map(_noted, frontier))
     captured = _captured_from_outside(ops.get_default_graph())
-    frontier, seen = [value], set()
+    seen = set()
     for _ in range(_DERIVED_DEPTH):
         following = []
         for tensor in frontier:
             if id(tensor) in seen:
                 continue
             seen.add(id(tensor))
-            if _noted_over_replicas(tensor) or is_total(tensor):
+            if _noted(tensor):
                 return True
             outside = captured.get(id(tensor))
             if outside is not None:

@@ -78,19 +78,16 @@ def check_no_total(replicas, value, symbol):
     `component_totals.made_of_total`), as an optimizer applying it inside
     strategy.run does: TensorFlow would add up every replica's (and every
     worker's) copy of it."""
-    if replicas < 2:
-        return
-    for item in nest.flatten(value):
-        if component_totals.made_of_total(item):
-            raise tracing.refused(ValueError(errors.message(
-                "cannot all-reduce a total over the replicas again", symbol,
-                "values computed inside the replicas",
-                "the gradient of a tape around strategy.run (already the sum "
-                "over every replica and worker), or what was computed from it, "
-                "all-reduced inside strategy.run, as an optimizer applying it "
-                "there does; every replica's copy would be added up",
-                "Apply that gradient in cross-replica context: call "
-                "optimizer.apply_gradients outside strategy.run")))
+    if replicas > 1 and component_totals.made_of_total(value):
+        raise tracing.refused(ValueError(errors.message(
+            "cannot all-reduce a total over the replicas again", symbol,
+            "values computed inside the replicas",
+            "the gradient of a tape around strategy.run (already the sum "
+            "over every replica and worker), or what was computed from it, "
+            "all-reduced inside strategy.run, as an optimizer applying it "
+            "there does; every replica's copy would be added up",
+            "Apply that gradient in cross-replica context: call "
+            "optimizer.apply_gradients outside strategy.run")))
 
 
 def make_all_gather(original):
