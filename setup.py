@@ -41,6 +41,7 @@ setuptools.setup(
         "test": ["pytest>=7", "pytest-xdist>=3"],
         "lint": ["ruff==0.17.6"],
         "release": ["build>=1", "twine>=5"],
+        "docs": ["mkdocs==1.6.1"],
     },
     license="Apache-2.0",
     license_files=["LICENSE"],

@@ -25,7 +25,8 @@ ENVIRONMENT.pop("TF_CONFIG", None)
 
 
 UNTRACKED = ("*.egg-info", "__pycache__", ".pytest_cache", ".venv", ".matrix",
-             ".venv-lint", ".release", "bazel-*", "build", "dist", "reports")
+             ".venv-lint", ".release", "bazel-*", "build", "dist", "reports",
+             ".venv-docs", ".site", "site")
 """What .gitignore keeps out of a clone, for a tree that is not a git one."""
 
 
