@@ -171,6 +171,134 @@ print(json.dumps(report))
 """
 
 
+EVERY_LOCK = COMMON + """
+import importlib, pkgutil, select, signal, threading, types
+from tfdtape import recorder, tracing
+
+for info in pkgutil.walk_packages(tfdtape.__path__, "tfdtape."):
+    if not info.name.endswith("__main__"):
+        importlib.import_module(info.name)
+LOCKS = (type(threading.Lock()), type(threading.RLock()))
+
+
+def tfdtapes_locks():
+    # Every lock reachable from tfdtape's modules, the import finders and
+    # the open sinks: through containers, namespaces and tfdtape's objects.
+    found, seen = {}, set()
+
+    def walk(value, path, depth):
+        if id(value) in seen or depth > 5:
+            return
+        seen.add(id(value))
+        if isinstance(value, LOCKS):
+            found[id(value)] = (path, value)
+            return
+        if isinstance(value, dict):
+            items = list(value.items())
+        elif isinstance(value, (list, tuple, set, frozenset)):
+            items = list(enumerate(value))
+        elif isinstance(value, types.SimpleNamespace) or (
+                type(value).__module__ or "").startswith("tfdtape"):
+            items = list(getattr(value, "__dict__", {}).items())
+        else:
+            return
+        for key, item in items:
+            walk(item, f"{path}.{key}", depth + 1)
+
+    for name, module in list(sys.modules.items()):
+        if name == "tfdtape" or name.startswith("tfdtape."):
+            for key, value in list(vars(module).items()):
+                walk(value, f"{name}.{key}", 0)
+    for index, finder in enumerate(sys.meta_path):
+        walk(finder, f"sys.meta_path[{index}]", 0)
+    return sorted(found.values(), key=lambda item: item[0])
+
+
+def in_child(trace, strategy):
+    events_at_fork = len(trace.events)
+    seen = {}
+    with tf.GradientTape() as tape:
+        y = variable * variable
+    seen["gradient in the child"] = float(tape.gradient(y, variable))
+    with strategy.scope():
+        mirrored = tf.Variable(2.0)
+        with tf.GradientTape() as tape:
+            per_replica = strategy.run(lambda: mirrored * 3.0)
+            total = strategy.reduce("SUM", per_replica, axis=None)
+        seen["spanning gradient in the child"] = float(tape.gradient(total, mirrored))
+    with tfdtape.trace() as fresh:
+        with tf.GradientTape() as tape:
+            tape.watch(variable)
+    seen["events of a trace opened in the child"] = len(fresh.events)
+    seen["events the inherited trace got"] = len(trace.events) - events_at_fork
+    return seen
+
+
+report = {}
+for configuration in ("tfdtape", "tfdtape_alone"):
+  with testing.configuration(configuration):
+    variable = tf.Variable(3.0)
+    strategy = tf.distribute.MirroredStrategy(["/cpu:0"])
+    sink = recorder.Recorder()
+    tracing.open_sink(sink)
+    holding, recording, release = (threading.Event() for _ in range(3))
+    with tfdtape.trace() as trace:
+        locks = tfdtapes_locks()
+
+        def hold_every_lock():
+            for _, lock in locks:
+                lock.acquire()
+            holding.set()
+            release.wait()
+            for _, lock in reversed(locks):
+                lock.release()
+
+        def record_a_tape():
+            with tf.GradientTape() as tape:
+                tape.watch(variable)
+                recording.set()
+                release.wait()
+
+        threads = [threading.Thread(target=record_a_tape),
+                   threading.Thread(target=hold_every_lock)]
+        for thread, started in zip(threads, (recording, holding)):
+            thread.start()
+            started.wait()
+        read_end, write_end = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            os.close(read_end)
+            try:
+                seen = in_child(trace, strategy)
+            except BaseException as error:
+                seen = {"error": repr(error)}
+        else:
+            os.close(write_end)
+            ready, _, _ = select.select([read_end], [], [], 120)
+            if ready:
+                data = b""
+                while chunk := os.read(read_end, 65536):
+                    data += chunk
+                child = json.loads(data or b"{}")
+            else:
+                os.kill(pid, signal.SIGKILL)
+                child = {"hung": True}
+            os.waitpid(pid, 0)
+            release.set()
+            for thread in threads:
+                thread.join()
+    if pid == 0:  # The child closed the inherited trace too.
+        seen["closed the inherited trace"] = True
+        try:
+            os.write(write_end, json.dumps(seen).encode())
+        finally:
+            os._exit(0)
+    tracing.close_sink(sink)
+    report[configuration] = {"locks": [path for path, _ in locks], "child": child}
+print(json.dumps(report))
+"""
+
+
 def run_script(script):
     """Runs `script` in a fresh interpreter; returns the JSON it printed."""
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", TFDTAPE_AUTOINSTALL="0")
@@ -230,4 +358,30 @@ def test_a_fork_with_the_lock_held_leaves_the_child_working(forks, configuration
         },
         "parent's trace still records": 1,
         "parent's state before the first block restored": True,
+    }
+
+
+@pytest.fixture(scope="module")
+def fork_with_every_lock_held():
+    """{configuration: {"locks": paths, "child": observations}} of a fork
+    while another thread holds every tfdtape lock, a trace and a run
+    recorder are open and a third thread's tape records."""
+    return run_script(EVERY_LOCK)
+
+
+@pytest.mark.parametrize("configuration", ["tfdtape", "tfdtape_alone"])
+def test_a_fork_with_every_lock_held_leaves_the_child_working(
+        fork_with_every_lock_held, configuration):
+    observed = fork_with_every_lock_held[configuration]
+    # The patch lock, the event bus's, and one per watch for a Keras module
+    # imported later (the run recorder's is reached through the open sinks).
+    assert {"tfdtape.patching._state.lock", "tfdtape.tracing._lock",
+            "tfdtape.tracing._open_sinks.0._lock"} <= set(observed["locks"])
+    assert any(".late_imports._watches." in path for path in observed["locks"])
+    assert observed["child"] == {
+        "gradient in the child": 6.0,
+        "spanning gradient in the child": 3.0,
+        "events of a trace opened in the child": 1,
+        "events the inherited trace got": 0,
+        "closed the inherited trace": True,
     }

@@ -37,9 +37,10 @@ from tensorflow.python.framework import indexed_slices
 from tensorflow.python.framework import ops
 
 from tfdtape import compat
+from tfdtape import process_state
 
 # Kept across importlib.reload: a gradient being computed stays placed.
-_state = globals().get("_state") or threading.local()
+_state = process_state.kept(globals(), "_state", threading.local)
 """Per thread, `.depth`: how many placing() blocks are open."""
 
 

@@ -45,10 +45,11 @@ from tensorflow.python.ops import math_ops
 from tensorflow.python.util import nest
 
 from tfdtape import compat
+from tfdtape import process_state
 from tfdtape import replica_recording
 
 # Kept across importlib.reload: totals handed out stay known.
-_copies = globals().get("_copies", {})
+_copies = process_state.kept(globals(), "_copies", dict)
 """Eagerly: id(total handed out) -> (weak reference to it, the Mirrored
 value's copies with None in its place); an entry goes with the total."""
 
@@ -216,7 +217,8 @@ def is_total(value):
 
 
 # Kept across importlib.reload: totals noted stay noted.
-_over_replicas = globals().get("_over_replicas", weakref.WeakValueDictionary())
+_over_replicas = process_state.kept(globals(), "_over_replicas",
+                                   weakref.WeakValueDictionary)
 """id(tensor) -> the tensor, held weakly: every total over the replicas'
 components `tape.gradient` handed out in cross-replica context (eagerly
 and in graphs; across workers too)."""

@@ -32,11 +32,13 @@ from tensorflow.python.autograph.core import config_lib as autograph_rules
 from tensorflow.python.util import tf_stack
 from tensorflow.python.util import traceback_utils
 
+from tfdtape import process_state
+
 PACKAGE_FOLDER = os.path.dirname(os.path.abspath(__file__)) + os.sep
 
 # Kept across importlib.reload: what TensorFlow had before hide().
-_saved = globals().get("_saved")
-_extra_files = globals().get("_extra_files", frozenset())
+_saved = process_state.kept(globals(), "_saved", lambda: None)
+_extra_files = process_state.kept(globals(), "_extra_files", frozenset)
 """(traceback_utils._EXCLUDED_PATHS, tf_stack's default filter factory,
 AutoGraph's CONVERSION_RULES) as TensorFlow had them, while tfdtape's are in;
 else None."""

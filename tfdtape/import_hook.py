@@ -29,6 +29,8 @@ import importlib.abc
 import sys
 import threading
 
+from tfdtape import process_state
+
 
 class AfterImport(importlib.abc.MetaPathFinder):
     """Calls `callback()` once, right after `package` is first imported.
@@ -41,7 +43,7 @@ class AfterImport(importlib.abc.MetaPathFinder):
         self._package = package
         self._callback = callback
         self._defer_prefix = defer_prefix
-        self._lock = threading.Lock()
+        self._lock = process_state.lock()
         self._imported = False      # the package's __init__ has finished
         self._deferring = 0         # deferring imports in progress here
         self._wrapped = set()       # names whose loader reports here

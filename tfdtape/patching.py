@@ -7,20 +7,20 @@ tfdtape module, which resets module globals, can neither lose TensorFlow's
 originals nor make `install()` take tfdtape's own functions for them.
 
 The rest of the state (one lock, and the open `patched()` blocks) is kept
-across `importlib.reload`, which re-runs this module in its old namespace, and
-made fresh in a forked child, where the threads that held the lock or opened
-blocks do not exist.
+across `importlib.reload` and made safe in a forked child
+(`tfdtape.process_state`): the threads that held the lock or opened blocks
+do not exist there.
 """
 
 import contextlib
 import logging
-import os
 import threading
 import types
 
 from tfdtape import errors
 from tfdtape import frame_filters
 from tfdtape import late_imports
+from tfdtape import process_state
 from tfdtape import release_policy
 from tfdtape import targets
 from tfdtape import tracing
@@ -30,14 +30,12 @@ def _new_state():
     """The lock, the open patched() blocks ({block: thread id}), whether
     tfdtape was installed when the first of them opened, and whether
     installing into an untested TensorFlow was logged already."""
-    return types.SimpleNamespace(lock=threading.RLock(), blocks={},
+    return types.SimpleNamespace(lock=process_state.lock(reentrant=True), blocks={},
                                  installed_before_blocks=False,
                                  untested_logged=False)
 
 
-# importlib.reload re-runs this module in the same namespace: keep the state
-# the module had, or blocks open at the reload would be forgotten.
-_state = globals().get("_state") or _new_state()
+_state = process_state.kept(globals(), "_state", _new_state)
 
 
 def is_installed():
@@ -264,17 +262,10 @@ def _uninstall_locked():
     return True
 
 
-def _after_fork_in_child():
-    """In a forked child: a fresh lock, and only the forking thread's blocks
-    (the other threads, which may hold the lock or blocks, are gone).
-
-    Idempotent, so a reload registering it again does no harm.
-    """
-    _state.lock = threading.RLock()
+@process_state.after_fork_in_child
+def _keep_the_forking_threads_blocks():
+    """In a forked child: only the forking thread's blocks stay open (the
+    other threads, which opened the rest, are gone)."""
     forking_thread = threading.get_ident()
     _state.blocks = {block: thread for block, thread in _state.blocks.items()
                      if thread == forking_thread}
-
-
-if hasattr(os, "register_at_fork"):  # POSIX
-    os.register_at_fork(after_in_child=_after_fork_in_child)

@@ -20,7 +20,6 @@ component took part in (the step ran on one device), and tfdtape's refusals.
 
 import collections
 import sys
-import threading
 import weakref
 
 from tensorflow.python.framework import ops
@@ -29,6 +28,7 @@ from tensorflow.python.ops import variables
 
 from tfdtape import call_sites
 from tfdtape import keras_variables
+from tfdtape import process_state
 from tfdtape import resolution
 from tfdtape import tracing
 
@@ -139,7 +139,7 @@ class Recorder:
 
     def __init__(self):
         self.complete = True  # False once tfdtape is uninstalled meanwhile.
-        self._lock = threading.Lock()
+        self._lock = process_state.lock()
         self._variables = _Variables()
         self._watches = collections.Counter()
         self._gradient_calls = 0

@@ -13,11 +13,12 @@ policy before it imports tfdtape's TensorFlow-facing modules.
 """
 
 from tfdtape import errors
+from tfdtape import process_state
 from tfdtape import switches
 from tfdtape import versions
 
 # Kept across importlib.reload: an acceptance made in this process stays.
-_accepted_here = globals().get("_accepted_here", False)
+_accepted_here = process_state.kept(globals(), "_accepted_here", bool)
 
 
 def accept_untested():

@@ -39,6 +39,7 @@ from tensorflow.python.util import traceback_utils
 from tfdtape import backward_placement
 from tfdtape import compat
 from tfdtape import errors
+from tfdtape import process_state
 from tfdtape import resolution
 from tfdtape import tracing
 
@@ -81,7 +82,7 @@ def is_cross_replica_backward_error(error):
 
 
 # Kept across importlib.reload: the tapes already recording stay known.
-_recording = globals().get("_recording") or threading.local()
+_recording = process_state.kept(globals(), "_recording", threading.local)
 """Per thread, `.tapes`: (GradientTape, the graph it was pushed in) for the
 tapes recording there now (pushed outside replica context); `.run`: the
 `_SpannedRun` whose replica function this thread runs; `.merging`: the

@@ -25,6 +25,7 @@ from tensorflow.python.distribute import reduce_util
 from tensorflow.python.distribute import values as values_lib
 from tensorflow.python.util import nest
 
+from tfdtape import process_state
 from tfdtape import replica_recording
 from tfdtape import tracing
 
@@ -34,7 +35,7 @@ MEAN_OF_AVERAGE_LOSSES = "MEAN of compute_average_loss"
 _AVERAGE_LOSS = "average loss"
 
 # Kept across importlib.reload: what was noted stays noted.
-_noted = globals().get("_noted", {})
+_noted = process_state.kept(globals(), "_noted", dict)
 """id(tensor) -> (weak reference to it, what it is: _AVERAGE_LOSS); an
 entry goes with its tensor."""
 

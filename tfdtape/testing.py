@@ -21,6 +21,7 @@ from tensorflow.python.eager import tape as tape_module
 from tfdtape import compat
 from tfdtape import errors
 from tfdtape import patching
+from tfdtape import process_state
 
 CONFIGURATIONS = ("stock", "tfdtape", "tfdtape_alone", "pre_seed")
 """The names of the configurations, in report order."""
@@ -87,7 +88,8 @@ def _variables_accessed_unresolved(variables):
 # resolution off means replacing them with these resolver-free versions, and
 # counting how many blocks have it off.
 # Kept across importlib.reload, which would otherwise forget open blocks.
-_inline_resolution_switched_off = globals().get("_inline_resolution_switched_off", 0)
+_inline_resolution_switched_off = process_state.kept(
+    globals(), "_inline_resolution_switched_off", int)
 _UNRESOLVED_FUNCTIONS = {
     "watch_variable": _watch_variable_unresolved,
     "variable_accessed": _variable_accessed_unresolved,
@@ -155,7 +157,7 @@ def _native_resolver(enabled):
 
 
 # The states that blocks switching the resolver off saved, outermost first.
-_switched_off_states = globals().get("_switched_off_states", [])
+_switched_off_states = process_state.kept(globals(), "_switched_off_states", list)
 
 
 def _resolution_off():

@@ -20,7 +20,6 @@ recorded; reads of distributed variables always are.
 
 import contextlib
 import dataclasses
-import os
 import sys
 import threading
 import types
@@ -31,10 +30,11 @@ from tensorflow.python.framework import tensor_util
 
 from tfdtape import call_sites
 from tfdtape import compat
+from tfdtape import process_state
 
 # Kept across importlib.reload, so a reload does not drop open traces. A
 # tuple, replaced whole under the lock, so reporting reads it without one.
-_open_sinks = tuple(globals().get("_open_sinks", ()))
+_open_sinks = process_state.kept(globals(), "_open_sinks", tuple)
 active = bool(_open_sinks)  # True while a sink is open; read on the hot path.
 
 
@@ -46,7 +46,7 @@ def _wants_untaped(sinks):
 
 _untaped_wanted = _wants_untaped(_open_sinks)
 
-observing_stock = globals().get("observing_stock", False)  # kept on reload
+observing_stock = process_state.kept(globals(), "observing_stock", bool)
 """True while `tfdtape.observers.observe_stock()` reports stock TensorFlow
 here (a `python -m tfdtape run --no-install` run)."""
 
@@ -55,7 +55,7 @@ NO_INSTALL_REMEDY = (
     "observes stock TensorFlow and keeps tfdtape out: run without "
     "--no-install to have tfdtape installed")
 """What to do when tfdtape is asked for inside a --no-install run."""
-_lock = globals().get("_lock") or threading.Lock()
+_lock = process_state.kept(globals(), "_lock", process_state.lock)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -210,7 +210,7 @@ _DEFAULT_STRATEGY_NAME = None
 
 
 # Per thread, `.found`: what `gradient_totals()` collects into, if open.
-_collecting = globals().get("_collecting") or threading.local()
+_collecting = process_state.kept(globals(), "_collecting", threading.local)
 
 
 @contextlib.contextmanager
@@ -275,18 +275,10 @@ def _replica_index(replica_context):
     return None if replica_id is None else int(replica_id)
 
 
+@process_state.after_fork_in_child
 def _close_traces_after_fork():
-    """In a forked child: no trace open (the parent's stay the parent's), and
-    a fresh lock (a thread that held it does not exist in the child).
-
-    Idempotent, so a reload registering it again does no harm.
-    """
-    global active, _lock, _open_sinks, _untaped_wanted
-    _lock = threading.Lock()
+    """In a forked child: no trace open (the parent's stay the parent's)."""
+    global active, _open_sinks, _untaped_wanted
     _open_sinks = ()
     _untaped_wanted = False
     active = False
-
-
-if hasattr(os, "register_at_fork"):  # POSIX
-    os.register_at_fork(after_in_child=_close_traces_after_fork)

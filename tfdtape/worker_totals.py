@@ -57,6 +57,7 @@ from tfdtape import compat
 from tfdtape import component_totals
 from tfdtape import cross_replica_reads
 from tfdtape import errors
+from tfdtape import process_state
 from tfdtape import replica_recording
 from tfdtape import tracing
 from tfdtape import worker_agreement
@@ -251,7 +252,7 @@ def _flat(devices, shares, counts):
 
 
 # Kept across importlib.reload: every worker's memory stays alike.
-_learned = globals().get("_learned", {})
+_learned = process_state.kept(globals(), "_learned", dict)
 """id(variable) -> (weak reference to it, the form its total took the last
 time: "sparse" or "dense"): the same on every worker, since it is decided
 from every worker's counts."""
