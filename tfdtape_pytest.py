@@ -48,7 +48,7 @@ class SessionReport:
     """`--tfdtape-report PATH`: a recorder open for the whole session."""
 
     def __init__(self, path, arguments):
-        command_line = importlib.import_module("tfdtape.command_line")
+        command_line = importlib.import_module("tfdtape.cli.command_line")
         try:
             command_line.check_output_path(path, "--tfdtape-report")
         except command_line.UsageError as error:
@@ -63,26 +63,26 @@ class SessionReport:
         del session
         os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
         importlib.import_module("tfdtape.patching").install()
-        self.recorder = importlib.import_module("tfdtape.recorder").Recorder()
-        importlib.import_module("tfdtape.tracing").open_sink(self.recorder)
+        self.recorder = importlib.import_module("tfdtape.cli.event_counts").EventCounts()
+        importlib.import_module("tfdtape.events").open_sink(self.recorder)
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_sessionfinish(self, session, exitstatus):
         del session
-        importlib.import_module("tfdtape.tracing").close_sink(self.recorder)
-        run_report = importlib.import_module("tfdtape.run_report")
+        importlib.import_module("tfdtape.events").close_sink(self.recorder)
+        run_report = importlib.import_module("tfdtape.cli.run_report")
         snapshot = self.recorder.snapshot()
         self.report = run_report.build(
             snapshot, self.command, int(exitstatus), installed=True, task=None,
             incomplete_reason=importlib.import_module(
-                "tfdtape.recorder").incomplete_reason(snapshot))
+                "tfdtape.cli.event_counts").incomplete_reason(snapshot))
         run_report.write_json(self.path, self.report)
 
     def pytest_terminal_summary(self, terminalreporter):
         if self.report is None:
             return
         terminalreporter.section("tfdtape")
-        run_report = importlib.import_module("tfdtape.run_report")
+        run_report = importlib.import_module("tfdtape.cli.run_report")
         terminalreporter.write_line(run_report.summary(self.report))
         terminalreporter.write_line(f"report written to {self.path}")
 

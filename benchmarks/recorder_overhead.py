@@ -13,8 +13,8 @@ import time
 
 import eager_training_script
 import tfdtape  # noqa: F401 (installs tfdtape)
-from tfdtape import recorder as recorder_lib
-from tfdtape import tracing
+from tfdtape import events
+from tfdtape.cli import event_counts
 
 
 def main():
@@ -23,19 +23,19 @@ def main():
     parser.add_argument("--steps", type=int, default=10)
     args = parser.parse_args()
     step = eager_training_script.build_step()
-    recorder = recorder_lib.Recorder()
+    recorder = event_counts.EventCounts()
     seconds = {"recorder open": [], "recorder closed": []}
     for index in range(args.rounds):
         order = list(seconds) if index % 2 == 0 else list(seconds)[::-1]
         for name in order:
             if name == "recorder open":
-                tracing.open_sink(recorder)
+                events.open_sink(recorder)
             start = time.perf_counter()
             for _ in range(args.steps):
                 step()
             seconds[name].append(time.perf_counter() - start)
             if name == "recorder open":
-                tracing.close_sink(recorder)
+                events.close_sink(recorder)
     opened, closed = (statistics.median(seconds[name]) for name in seconds)
     print(f"eager MirroredStrategy(4) step, {args.rounds} rounds of "
           f"{args.steps} steps, medians")

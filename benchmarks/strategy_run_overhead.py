@@ -28,7 +28,7 @@ os.environ.setdefault("TFDTAPE_AUTOINSTALL", "0")
 
 import tensorflow as tf
 
-from tfdtape import replica_recording
+from tfdtape import spanning_tapes
 from tfdtape import testing
 
 CONFIGURATIONS = ("stock", "tfdtape")
@@ -59,7 +59,7 @@ def replacement_cost(calls=200000):
     def no_op(distribution, fn, args, kwargs):
         del distribution, fn, args, kwargs
 
-    replaced = replica_recording.make_call_for_each_replica(no_op)
+    replaced = spanning_tapes.make_call_for_each_replica(no_op)
     bare = min(timeit.repeat(lambda: no_op(None, None, (), {}), number=calls,
                              repeat=5))
     wrapped = min(timeit.repeat(lambda: replaced(None, None, (), {}),

@@ -33,15 +33,15 @@ def script_line(name, marker):
 
 
 class Recording:
-    """A Recorder (what `python -m tfdtape run` has) attached to tracing for
+    """An EventCounts (what `python -m tfdtape run` has) attached to the event bus for
     a with-block."""
 
     def __enter__(self):
-        from tfdtape import recorder as recorder_lib
-        from tfdtape import tracing
-        self._tracing = tracing
-        self.recorder = recorder_lib.Recorder()
-        tracing.open_sink(self.recorder)
+        from tfdtape import events
+        from tfdtape.cli import event_counts
+        self._tracing = events
+        self.recorder = event_counts.EventCounts()
+        events.open_sink(self.recorder)
         return self.recorder
 
     def __exit__(self, *exc_info):

@@ -6,7 +6,7 @@ import tensorflow as tf
 
 import tfdtape
 from assertions import assert_same_objects
-from tfdtape import defun
+from tfdtape import captured_inputs
 
 
 def replica_index():
@@ -79,8 +79,8 @@ def concrete_function_class():
 
 
 def test_no_captured_input_resolution_in_this_tensorflow():
-    assert defun.classes_with_captured_input_resolution() == []
-    assert concrete_function_class() in defun.function_classes()
+    assert captured_inputs.classes_with_captured_input_resolution() == []
+    assert concrete_function_class() in captured_inputs.function_classes()
 
 
 def test_captured_input_resolution_is_removed_where_present(monkeypatch):
@@ -97,20 +97,20 @@ def test_captured_input_resolution_is_removed_where_present(monkeypatch):
     tfdtape.uninstall()
     try:
         monkeypatch.setattr(function_class,
-                            defun.RESOLVER_METHOD, resolve_per_call,
+                            captured_inputs.RESOLVER_METHOD, resolve_per_call,
                             raising=False)
-        assert defun.classes_with_captured_input_resolution() == [
+        assert captured_inputs.classes_with_captured_input_resolution() == [
             function_class]
         tfdtape.install()
         holder = type("Holder", (), {"_captured_inputs": ["as traced"]})()
-        replacement = vars(function_class)[defun.RESOLVER_METHOD]
+        replacement = vars(function_class)[captured_inputs.RESOLVER_METHOD]
         assert replacement is not resolve_per_call
         assert replacement(holder) == ["as traced"]
         tfdtape.uninstall()
         assert vars(function_class)[
-            defun.RESOLVER_METHOD] is resolve_per_call
+            captured_inputs.RESOLVER_METHOD] is resolve_per_call
     finally:
         tfdtape.uninstall()
         monkeypatch.undo()
         tfdtape.install()
-    assert defun.RESOLVER_METHOD not in vars(function_class)
+    assert captured_inputs.RESOLVER_METHOD not in vars(function_class)

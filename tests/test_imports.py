@@ -75,25 +75,38 @@ def test_install_by_hand_without_absl_names_the_install_command():
         'installed. Install tfdtape with TensorFlow: pip install "tfdtape[cpu]"')
 
 
+def module_names():
+    """Every module of the package by its name below `tfdtape.`, such as
+    "events" or "cli.run_report" (a package by its own name: "cli")."""
+    package = REPOSITORY / "tfdtape"
+    names = {}
+    for path in sorted(package.rglob("*.py")):
+        parts = path.relative_to(package).with_suffix("").parts
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        if parts:
+            names[".".join(parts)] = path
+    return names
+
+
 def imports_between_modules():
     """{module: the tfdtape modules it imports, at module level or inside a
-    function}, read from the source."""
-    package = REPOSITORY / "tfdtape"
-    modules = {path.stem for path in package.glob("*.py")}
+    function}, read from the source; names as `module_names` gives them."""
+    modules = module_names()
     imported = {}
-    for name in modules:
+    for name, path in modules.items():
         found = set()
-        tree = ast.parse((package / f"{name}.py").read_text(encoding="utf-8"))
-        for node in ast.walk(tree):
-            if isinstance(node, ast.ImportFrom) and node.module == "tfdtape":
-                found |= {alias.name for alias in node.names} & modules
-            elif isinstance(node, ast.ImportFrom) and node.module:
-                found.add(node.module.removeprefix("tfdtape.").split(".")[0]
-                          if node.module.startswith("tfdtape.") else "")
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom) and node.module and (
+                    node.module == "tfdtape" or node.module.startswith("tfdtape.")):
+                base = node.module.removeprefix("tfdtape").lstrip(".")
+                for alias in node.names:
+                    child = f"{base}.{alias.name}" if base else alias.name
+                    found.add(child if child in modules else base)
             elif isinstance(node, ast.Import):
-                found |= {alias.name.split(".")[1] for alias in node.names
+                found |= {alias.name.removeprefix("tfdtape.") for alias in node.names
                           if alias.name.startswith("tfdtape.")}
-        imported[name] = (found & modules) - {name}
+        imported[name] = (found & set(modules)) - {name, ""}
     return imported
 
 
@@ -122,5 +135,16 @@ def test_cycle_finder_sees_a_cycle():
 
 def test_the_package_has_no_import_cycles():
     graph = imports_between_modules()
-    assert graph["patching"] >= {"targets", "tracing"}  # the reader reads
+    assert graph["patching"] >= {"targets", "events"}  # the reader reads
+    assert graph["cli.run_command"] >= {"cli.run_session", "cli.script_runner"}
     assert cycles(graph) == []
+
+
+def test_the_library_never_imports_the_command_line():
+    graph = imports_between_modules()
+    library = {name for name in graph
+               if name != "__main__" and not name.startswith("cli")}
+    assert {name: sorted(imported for imported in graph[name]
+                         if imported.startswith("cli"))
+            for name in library} == {name: [] for name in library}
+    assert graph["__main__"] == {"cli.main"}

@@ -1,5 +1,5 @@
 """Keras 3's LossScaleOptimizer applying in cross-replica context
-(tfdtape.loss_scaling): the total of a tape around strategy.run, one finite
+(tfdtape.keras3_loss_scaling): the total of a tape around strategy.run, one finite
 check, the scale updated once per step, the inner optimizer applying once,
 overflow steps skipped; against the same optimizer on one device over the
 global batch, eagerly and in a tf.function.
@@ -14,7 +14,7 @@ import pytest
 import tensorflow as tf
 
 from keras_models import is_keras3
-from tfdtape import loss_scaling
+from tfdtape import keras3_loss_scaling
 from tfdtape import targets
 from tfdtape.testing import PATCHED_CONFIGURATIONS
 
@@ -108,9 +108,9 @@ def test_without_tfdtapes_apply_keras_refuses_cross_replica_context(
         strategy, monkeypatch):
     """The control: tfdtape installed (stock fails before the apply), with
     Keras's own `_tf_apply`."""
-    keras_class = loss_scaling.keras_class()
-    current = vars(keras_class)[loss_scaling.ATTRIBUTE]
-    monkeypatch.setattr(keras_class, loss_scaling.ATTRIBUTE, targets.original_of(current))
+    keras_class = keras3_loss_scaling.keras_class()
+    current = vars(keras_class)[keras3_loss_scaling.ATTRIBUTE]
+    monkeypatch.setattr(keras_class, keras3_loss_scaling.ATTRIBUTE, targets.original_of(current))
     with pytest.raises(ValueError, match="apply\\(\\) must be called in a replica context"):
         spanning_steps(strategy, "eager")
 
@@ -125,7 +125,7 @@ def test_per_replica_gradients_are_refused_before_any_variable_changes(
         before = state(model, optimizer)
         with pytest.raises(ValueError, match="cannot apply per-replica values") as raised:
             optimizer.apply(per_replica, model.trainable_variables)
-    assert loss_scaling._SYMBOL in str(raised.value)
+    assert keras3_loss_scaling._SYMBOL in str(raised.value)
     after = state(model, optimizer)
     assert after[1:] == before[1:]
     for found, expected in zip(after[0], before[0]):

@@ -27,7 +27,7 @@ import tensorflow as tf
 import loopback
 import worker_training as wt
 from keras_models import is_keras3
-from tfdtape import run_report
+from tfdtape.cli import run_report
 
 pytestmark = pytest.mark.cluster
 

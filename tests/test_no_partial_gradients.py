@@ -23,7 +23,7 @@ import tensorflow as tf
 
 from keras_models import is_keras3
 from keras_models import tf_variable
-from tfdtape import replica_recording
+from tfdtape import spanning_tapes
 from tfdtape.testing import PATCHED_CONFIGURATIONS
 
 KERAS3 = is_keras3(tf.keras)
@@ -173,7 +173,7 @@ def test_an_on_read_source_the_replicas_read_is_refused_outside_any_strategy(
     with pytest.raises(ValueError, match=ON_READ_SHARES) as raised:
         tape.gradient(loss, s)
     assert "strategy.run" in str(raised.value)
-    assert replica_recording.BACKWARD_NOTE not in str(raised.value)
+    assert spanning_tapes.BACKWARD_NOTE not in str(raised.value)
 
 
 def test_the_same_refusal_inside_a_tf_function_runs_with_the_gradient(

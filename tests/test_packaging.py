@@ -68,9 +68,9 @@ def test_wheel_carries_the_package_and_both_entry_points(wheel):
         info = f"tfdtape-{versions.RELEASE}.dist-info"
         entry_points = archive.read(f"{info}/entry_points.txt").decode()
         metadata = archive.read(f"{info}/METADATA").decode()
-    modules = sorted(path.name for path in (REPOSITORY / "tfdtape").glob("*.py"))
-    assert sorted(name.split("/")[1] for name in names
-                  if name.startswith("tfdtape/")) == modules
+    modules = sorted(path.relative_to(REPOSITORY).as_posix()
+                     for path in (REPOSITORY / "tfdtape").rglob("*.py"))
+    assert sorted(name for name in names if name.startswith("tfdtape/")) == modules
     assert "tfdtape_pytest.py" in names
     assert not [name for name in names if name.startswith(("tests/", "tools/"))]
     sections = {}

@@ -12,12 +12,12 @@ import tfdtape
 from conftest import DEVICES
 from run_helpers import Recording
 from tfdtape import explaining
-from tfdtape import recorder as recorder_lib
-from tfdtape import run_report
+from tfdtape.cli import event_counts
+from tfdtape.cli import run_report
 
 RECORDING_FILES = tuple(
     os.path.join(os.path.dirname(tfdtape.__file__), name)
-    for name in ("recorder.py", "tracing.py", "replica_recording.py"))
+    for name in ("cli/event_counts.py", "events.py", "spanning_tapes.py"))
 """Where what the recording keeps is allocated (TensorFlow's own allocations
 on tfdtape's lines, such as the C++ tape's, are not the recorder's)."""
 
@@ -43,7 +43,7 @@ def test_counts_by_variable_context_and_replica(strategy):
         {"id": 2, "name": "unused:0", "type": "ResourceVariable",
          "strategy": None}]
     assert snapshot["watched"] == [
-        {"variable": "counted:0", "id": 1, "how": recorder_lib.CONTAINER,
+        {"variable": "counted:0", "id": 1, "how": event_counts.CONTAINER,
          "kind": "access", "context": "replica", "replica": replica,
          "strategy": "MirroredStrategy", "count": 4} for replica in range(4)]
     assert snapshot["gradient_calls"] == 8
@@ -109,7 +109,7 @@ def test_memory_does_not_grow_with_steps():
 
 
 def test_an_empty_recording_is_the_reports_empty_snapshot():
-    assert recorder_lib.Recorder().snapshot() == run_report.EMPTY_SNAPSHOT
+    assert event_counts.EventCounts().snapshot() == run_report.EMPTY_SNAPSHOT
 
 
 def test_variables_that_share_a_name_get_rows_of_their_own(strategy):
@@ -135,9 +135,9 @@ def test_variables_that_share_a_name_get_rows_of_their_own(strategy):
         (1, "kernel:0 #1"), (2, "kernel:0 #2"),
         (3, "shared:0 (MirroredVariable)"), (4, "shared:0 (ResourceVariable)")]
     assert [(w["variable"], w["how"], w["context"]) for w in snapshot["watched"]] == [
-        ("kernel:0 #1", recorder_lib.PLAIN, "no strategy"),
-        ("kernel:0 #2", recorder_lib.PLAIN, "no strategy"),
-        ("shared:0 (MirroredVariable)", recorder_lib.COMPONENTS, "cross-replica")]
+        ("kernel:0 #1", event_counts.PLAIN, "no strategy"),
+        ("kernel:0 #2", event_counts.PLAIN, "no strategy"),
+        ("shared:0 (MirroredVariable)", event_counts.COMPONENTS, "cross-replica")]
     assert [(n["source"], n["id"]) for n in snapshot["none_gradients"]] == [
         ("shared:0 (MirroredVariable)", 3), ("shared:0 (MirroredVariable)", 3),
         ("shared:0 (ResourceVariable)", 4)]
@@ -176,7 +176,7 @@ def test_a_keras_variable_is_one_row_named_by_its_path(strategy):
     assert {w["variable"] for w in snapshot["watched"]} == set(paths)
     assert {(w["variable"], w["replica"]) for w in snapshot["watched"]} == {
         (path, replica) for path in paths for replica in range(4)}
-    assert {w["how"] for w in snapshot["watched"]} == {recorder_lib.CONTAINER}
+    assert {w["how"] for w in snapshot["watched"]} == {event_counts.CONTAINER}
 
 
 def test_distributed_variables_made_inside_a_tf_function_are_components(strategy):
@@ -197,7 +197,7 @@ def test_distributed_variables_made_inside_a_tf_function_are_components(strategy
     assert [(v["name"], v["type"]) for v in snapshot["variables"]] == [
         ("inner:0", "MirroredVariable")]
     assert {(w["how"], w["context"]) for w in snapshot["watched"]} == {
-        (recorder_lib.COMPONENT, "cross-replica")}
+        (event_counts.COMPONENT, "cross-replica")}
     assert [(t["source"], t["components"]) for t in snapshot["total_derivatives"]] == [
         ("inner:0", 4)]
 
@@ -226,9 +226,9 @@ def test_warnings_for_what_the_recorder_can_see(strategy):
     this_file = os.path.abspath(__file__)
     read_line = replica_step.__code__.co_firstlineno + 2
     assert [(w["kind"], w["variable"], w["count"]) for w in warnings] == [
-        (recorder_lib.REPLICA_PLAIN, "outside:0", 8),  # 4 reads, 4 sources
-        (recorder_lib.ONE_DEVICE, None, 1),
-        (recorder_lib.REFUSAL, None, 1)]
+        (event_counts.REPLICA_PLAIN, "outside:0", 8),  # 4 reads, 4 sources
+        (event_counts.ONE_DEVICE, None, 1),
+        (event_counts.REFUSAL, None, 1)]
     assert warnings[0]["location"] == f"{this_file}:{read_line}"
     assert warnings[1]["location"].startswith(f"{this_file}:")
     assert warnings[2]["message"].startswith("tfdtape: cannot watch")
@@ -248,7 +248,7 @@ def test_no_warning_for_a_plain_variable_without_several_replicas():
         one.run(replica_step)
     snapshot = recorder.snapshot()
     assert snapshot["warnings"] == []
-    assert [w["how"] for w in snapshot["watched"]] == [recorder_lib.PLAIN]
+    assert [w["how"] for w in snapshot["watched"]] == [event_counts.PLAIN]
 
 
 def test_tensor_sources_are_grouped_not_kept_one_each():
@@ -284,7 +284,7 @@ def test_a_plain_gradient_source_in_replica_context_is_warned_about(strategy):
     gradient_line = replica_step.__code__.co_firstlineno + 3
     assert [(w["kind"], w["variable"], w["count"], w["location"])
             for w in warnings] == [
-                (recorder_lib.REPLICA_PLAIN, "outside:0", 4,
+                (event_counts.REPLICA_PLAIN, "outside:0", 4,
                  f"{os.path.abspath(__file__)}:{gradient_line}")]
 
 
@@ -313,10 +313,10 @@ def test_a_keras_model_in_cross_replica_context_inside_a_tf_function(strategy):
     paths = sorted(variable.path for variable in layer.trainable_variables)
     assert sorted(v["name"] for v in snapshot["variables"]) == paths
     assert {(w["variable"], w["how"], w["context"]) for w in snapshot["watched"]} == {
-        (path, recorder_lib.COMPONENT, "cross-replica") for path in paths}
+        (path, event_counts.COMPONENT, "cross-replica") for path in paths}
     assert sorted((t["source"], t["components"])
                   for t in snapshot["total_derivatives"]) == [(path, 4) for path in paths]
-    assert [w["kind"] for w in snapshot["warnings"]] == [recorder_lib.ONE_DEVICE]
+    assert [w["kind"] for w in snapshot["warnings"]] == [event_counts.ONE_DEVICE]
 
 
 def test_a_strategy_of_one_replica_gets_no_one_device_warning():

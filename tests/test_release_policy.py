@@ -20,10 +20,11 @@ import tensorflow as tf
 from tensorflow.python.eager import tape as tape_module
 
 import tfdtape
-from tfdtape import command_line
 from tfdtape import patching
-from tfdtape import run_recording
+from tfdtape import release_policy
 from tfdtape import versions
+from tfdtape.cli import command_line
+from tfdtape.cli import run_session
 
 OPT_IN = "TFDTAPE_ALLOW_UNTESTED_TENSORFLOW"
 NIGHTLY = "2.23.0-dev20261026"
@@ -57,8 +58,10 @@ def test_untested_reason(version, reason):
 @pytest.fixture
 def untested(monkeypatch):
     """tfdtape uninstalled, TensorFlow calling itself a nightly, the opt-in
-    unset and the WARNING not yet given in this process."""
+    unset, no acceptance in this process (an in-process `verify` makes
+    one) and the WARNING not yet given in this process."""
     monkeypatch.delenv(OPT_IN, raising=False)
+    monkeypatch.setattr(release_policy, "_accepted_here", False)
     monkeypatch.setattr(patching._state, "untested_logged", False)
     tfdtape.uninstall()
     monkeypatch.setattr(tf, "__version__", NIGHTLY)
@@ -131,11 +134,11 @@ def test_run_refuses_an_untested_release_before_importing_internals(
     monkeypatch.delenv(OPT_IN, raising=False)
     monkeypatch.setattr(tf, "__version__", "2.11.0")
     with pytest.raises(command_line.UsageError) as raised:
-        run_recording._check_policy("2.11.0")
+        run_session._check_policy("2.11.0")
     assert "tfdtape: " + str(raised.value) == refusal_text(
         "2.11.0", "older than the tested range")
     monkeypatch.setenv(OPT_IN, "1")
-    run_recording._check_policy("2.11.0")
+    run_session._check_policy("2.11.0")
 
 
 def posing_as(tmp_path, version):

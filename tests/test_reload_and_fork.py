@@ -35,7 +35,7 @@ def same(found, expected):
 RELOAD = COMMON + """
 import importlib, pkgutil
 MODULES = ["tfdtape"] + sorted(
-    f"tfdtape.{info.name}" for info in pkgutil.iter_modules(tfdtape.__path__))
+    info.name for info in pkgutil.walk_packages(tfdtape.__path__, "tfdtape."))
 for name in MODULES:
     importlib.import_module(name)
 
@@ -80,16 +80,16 @@ print(json.dumps(report))
 FORK = COMMON + """
 import select, signal, threading
 from tensorflow.python.eager import tape as tape_module
-from tfdtape import patching, tracing
+from tfdtape import events, patching
 
 variable = tf.Variable(1.0)
 
 
 def in_child_inside_blocks(trace):
-    seen = {"trace active": tracing.active}
-    events = len(trace.events)
+    seen = {"trace active": events.active}
+    recorded_before = len(trace.events)
     tape_module.variable_accessed(variable)
-    seen["events recorded after fork"] = len(trace.events) - events
+    seen["events recorded after fork"] = len(trace.events) - recorded_before
     try:
         tfdtape.uninstall()
         seen["uninstall inside its block"] = "returned"
@@ -153,9 +153,9 @@ for configuration in %(configurations)r:
                 os.close(write_end)
                 parent = {"child": wait_for(pid, read_end)}
                 release.set()
-                events = len(trace.events)
+                recorded_before = len(trace.events)
                 tape_module.variable_accessed(variable)
-                parent["parent's trace still records"] = len(trace.events) - events
+                parent["parent's trace still records"] = len(trace.events) - recorded_before
         if pid == 0:
             try:
                 child = in_child_after_blocks(child, before, tensorflow)
@@ -173,7 +173,8 @@ print(json.dumps(report))
 
 EVERY_LOCK = COMMON + """
 import importlib, pkgutil, select, signal, threading, types
-from tfdtape import recorder, tracing
+from tfdtape import events
+from tfdtape.cli import event_counts
 
 for info in pkgutil.walk_packages(tfdtape.__path__, "tfdtape."):
     if not info.name.endswith("__main__"):
@@ -239,8 +240,8 @@ for configuration in ("tfdtape", "tfdtape_alone"):
   with testing.configuration(configuration):
     variable = tf.Variable(3.0)
     strategy = tf.distribute.MirroredStrategy(["/cpu:0"])
-    sink = recorder.Recorder()
-    tracing.open_sink(sink)
+    sink = event_counts.EventCounts()
+    events.open_sink(sink)
     holding, recording, release = (threading.Event() for _ in range(3))
     with tfdtape.trace() as trace:
         locks = tfdtapes_locks()
@@ -293,7 +294,7 @@ for configuration in ("tfdtape", "tfdtape_alone"):
             os.write(write_end, json.dumps(seen).encode())
         finally:
             os._exit(0)
-    tracing.close_sink(sink)
+    events.close_sink(sink)
     report[configuration] = {"locks": [path for path, _ in locks], "child": child}
 print(json.dumps(report))
 """
@@ -375,8 +376,8 @@ def test_a_fork_with_every_lock_held_leaves_the_child_working(
     observed = fork_with_every_lock_held[configuration]
     # The patch lock, the event bus's, and one per watch for a Keras module
     # imported later (the run recorder's is reached through the open sinks).
-    assert {"tfdtape.patching._state.lock", "tfdtape.tracing._lock",
-            "tfdtape.tracing._open_sinks.0._lock"} <= set(observed["locks"])
+    assert {"tfdtape.patching._state.lock", "tfdtape.events._lock",
+            "tfdtape.events._open_sinks.0._lock"} <= set(observed["locks"])
     assert any(".late_imports._watches." in path for path in observed["locks"])
     assert observed["child"] == {
         "gradient in the child": 6.0,

@@ -29,7 +29,7 @@ import tfdtape
 from assertions import assert_same_objects
 from conftest import DEVICES
 from keras_models import tf_variable
-from tfdtape import replica_recording
+from tfdtape import spanning_tapes
 from tfdtape import testing
 from tfdtape.testing import PATCHED_CONFIGURATIONS
 
@@ -64,7 +64,7 @@ def test_a_tape_around_an_eager_strategy_run_records_the_replicas(
             return
         gradient = tape.gradient(loss, v)
     assert float(gradient) == 24.0  # 4 replicas, each d(v*v)/dv = 6
-    assert replica_recording.spanned_runs(tape) == 1
+    assert spanning_tapes.spanned_runs(tape) == 1
     # Each replica watched v through its own component's handle; listed once.
     assert_same_objects(tape.watched_variables(), [v])
 
@@ -114,7 +114,7 @@ def test_a_strategy_run_in_another_thread_is_not_recorded(strategy, configuratio
             other.start()
             other.join()
         assert float(tape.gradient(loss, v)) == 8.0
-    assert replica_recording.spanned_runs(tape) == 0
+    assert spanning_tapes.spanned_runs(tape) == 0
 
 
 @pytest.mark.parametrize("configuration", PATCHED_CONFIGURATIONS, indirect=True)
@@ -122,7 +122,7 @@ def test_recording_survives_a_reload(strategy, configuration):
     with strategy.scope():
         v = tf.Variable(3.0)
         with tf.GradientTape() as tape:
-            importlib.reload(replica_recording)  # while the tape records
+            importlib.reload(spanning_tapes)  # while the tape records
             loss = strategy.reduce("SUM", strategy.run(lambda: v * v), axis=None)
         assert float(tape.gradient(loss, v)) == 24.0
 
@@ -159,7 +159,7 @@ def test_traced_strategy_run_under_a_cross_replica_tape(strategy, configuration)
             return
         gradient = tape.gradient(loss, v)
     assert float(gradient) == 24.0  # 4 replicas, each d(v*v)/dv = 6
-    assert replica_recording.spanned_runs(tape) == 0
+    assert spanning_tapes.spanned_runs(tape) == 0
 
 
 def test_a_tape_inside_the_tf_function_that_calls_strategy_run(
@@ -351,7 +351,7 @@ def test_a_tf_function_passed_to_strategy_run_is_one_recorded_call(
             per_replica = strategy.run(tf.function(lambda: v * v))
             loss = strategy.reduce("SUM", per_replica, axis=None)
         assert float(tape.gradient(loss, v)) == 24.0
-    assert replica_recording.spanned_runs(tape) == 0
+    assert spanning_tapes.spanned_runs(tape) == 0
 
 
 @pytest.mark.parametrize("configuration", PATCHED_CONFIGURATIONS, indirect=True)
@@ -371,7 +371,7 @@ def test_strategy_run_outside_the_recording_is_not_recorded(strategy, configurat
         strategy.run(lambda: v * 2.0)
         assert float(tape.gradient(loss, v)) == 6.0  # v * v alone, on one device
         assert tape.gradient(loss, unused) is None
-    assert replica_recording.spanned_runs(tape) == 0
+    assert spanning_tapes.spanned_runs(tape) == 0
 
 
 @pytest.mark.parametrize("configuration", PATCHED_CONFIGURATIONS, indirect=True)
@@ -388,7 +388,7 @@ def test_nothing_is_propagated_while_the_thread_does_not_record(
             loss = strategy.reduce("SUM", strategy.run(lambda: v * 2.0), axis=None)
         assert tape.gradient(paused, v) is None
         assert float(tape.gradient(loss, v)) == 8.0
-    assert replica_recording.spanned_runs(tape) == 1
+    assert spanning_tapes.spanned_runs(tape) == 1
 
 
 @pytest.mark.parametrize("configuration", PATCHED_CONFIGURATIONS, indirect=True)
@@ -425,8 +425,8 @@ def test_a_replica_function_that_raises_leaves_no_tape_behind(
     # What each replica thread runs, raising in a thread of its own: the
     # thread's tape set is empty again afterwards.
     with tf.GradientTape() as tape:
-        recorded = replica_recording._recorded_by(
-            [tape], strategy, lambda: {}["missing"], replica_recording._SpannedRun())
+        recorded = spanning_tapes._recorded_by(
+            [tape], strategy, lambda: {}["missing"], spanning_tapes._SpannedRun())
 
         def thread_body():
             with pytest.raises(KeyError):

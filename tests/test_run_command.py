@@ -16,8 +16,8 @@ from run_helpers import SCRIPTS
 from run_helpers import summary_of
 from run_helpers import tfdtape_run
 from tfdtape import explaining
-from tfdtape import run_recording
-from tfdtape import run_report
+from tfdtape.cli import run_report
+from tfdtape.cli import run_session
 
 
 def test_a_correct_training_script(tmp_path):
@@ -99,7 +99,7 @@ def test_a_script_that_raises(tmp_path):
     traceback_text = stderr[stderr.index("Traceback"):stderr.index("tfdtape run: ")]
     assert f'File "{SCRIPTS / "raises.py"}", line 15, in <module>' in traceback_text
     assert "RuntimeError: the training diverged" in traceback_text
-    assert "tfdtape/run_command.py" not in traceback_text
+    assert "tfdtape/cli/run_command.py" not in traceback_text
     assert "exited with status 1" in summary_of(stderr)
 
 
@@ -516,7 +516,7 @@ def test_a_tensorflow_import_run_did_not_see_is_reported_not_hidden(tmp_path):
     assert completed.returncode == 0, completed.stderr
     report = json.loads((tmp_path / "r.json").read_text())
     assert report["complete"] is False and report["tensorflow"] == tf_version()
-    assert report["incomplete_reason"] == run_recording.UNSEEN_IMPORT_NOTE
+    assert report["incomplete_reason"] == run_session.UNSEEN_IMPORT_NOTE
     assert " ".join(summary_of(completed.stderr).split()).count(
         "tfdtape was not installed and nothing was recorded") == 1
 

@@ -1,12 +1,12 @@
-"""tfdtape.run_report: the JSON report's fields and the summary's lines."""
+"""tfdtape.cli.run_report: the JSON report's fields and the summary's lines."""
 
 import os
 
 import pytest
 import tensorflow as tf
 
-from tfdtape import run_report
 from tfdtape import versions
+from tfdtape.cli import run_report
 
 
 def report(command=("s.py",), task=None, **snapshot):

@@ -1,5 +1,5 @@
 """The scale traps of a tape around strategy.run: a MEAN of
-compute_average_loss gives 1/N of the gradient (tfdtape.scale_traps: the
+compute_average_loss gives 1/N of the gradient (tfdtape.cli.scale_traps: the
 run report warns, and never about the correct programs beside it); a total
 applied inside strategy.run would count once per replica (refused).
 
@@ -25,7 +25,7 @@ from run_helpers import Recording
 from run_helpers import script_line
 from run_helpers import summary_of
 from run_helpers import tfdtape_run
-from tfdtape import scale_traps
+from tfdtape.cli import scale_traps
 from tfdtape.testing import PATCHED_CONFIGURATIONS
 
 REPLICAS = 4

@@ -7,8 +7,8 @@ import tensorflow as tf
 from tensorflow.python.eager import tape as tape_module
 
 import tfdtape
+from tfdtape import events
 from tfdtape import testing
-from tfdtape import tracing
 
 
 def test_trace_records_replica_reads_and_cross_replica_watch(strategy):
@@ -49,10 +49,10 @@ def test_trace_records_replica_reads_and_cross_replica_watch(strategy):
 def test_trace_is_off_outside_the_block():
     v = tf.Variable(1.0)
     with tfdtape.trace() as trace:
-        assert tracing.active
+        assert events.active
         with tf.GradientTape() as tape:
             tape.watch(v)
-    assert not tracing.active
+    assert not events.active
     with tf.GradientTape() as tape:
         tape.watch(v)
     assert len(trace.events) == 1
@@ -70,7 +70,7 @@ def test_a_trace_needs_tfdtape_installed():
     assert text.startswith("tfdtape: cannot open a trace: tfdtape is not "
                            "installed (tfdtape.trace)")
     assert f"in TensorFlow {tf.__version__}. Call tfdtape.install() first" in text
-    assert not tracing.active
+    assert not events.active
 
 
 def test_a_failed_watch_is_not_traced(strategy):
@@ -102,7 +102,7 @@ def test_a_trace_open_while_tfdtape_is_uninstalled_says_it_is_incomplete():
 def test_a_reload_keeps_an_open_trace():
     v = tf.Variable(1.0)
     with tfdtape.trace() as trace:
-        importlib.reload(tracing)
+        importlib.reload(events)
         with tf.GradientTape() as tape:
             tape.watch(v)
-    assert len(trace.events) == 1 and not tracing.active
+    assert len(trace.events) == 1 and not events.active

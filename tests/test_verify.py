@@ -10,12 +10,12 @@ import xml.etree.ElementTree as ElementTree
 import pytest
 
 import releases
-from tfdtape import checks
 from tfdtape import tape_functions
 from tfdtape import testing
-from tfdtape import verify
 from tfdtape import versions
 from tfdtape.__main__ import main
+from tfdtape.cli import check_runner
+from tfdtape.cli import checks
 
 CHECK_NAMES = [check.name for check in checks.CHECKS]
 
@@ -50,8 +50,8 @@ def run_cli(*args):
 
 @pytest.mark.parametrize("check", checks.CHECKS, ids=CHECK_NAMES)
 def test_every_check_passes_here(strategy, check):
-    result = verify.run_check(check, strategy)
-    assert result.status == verify.PASS, result.message
+    result = check_runner.run_check(check, strategy)
+    assert result.status == check_runner.PASS, result.message
     assert result.observations["tfdtape_alone"] == check.expected
     if check.discriminating:
         assert result.observations["pre_seed"] != check.expected
@@ -61,12 +61,12 @@ def test_broken_resolution_fails_with_a_useful_message(strategy, monkeypatch):
     """tfdtape's tape functions watching components, as before the commit."""
     monkeypatch.setattr(tape_functions, "_resolve", lambda variable: (
         variable,))
-    result = verify.run_check(checks.CHECKS[0], strategy)
-    assert result.status == verify.FAIL
+    result = check_runner.run_check(checks.CHECKS[0], strategy)
+    assert result.status == check_runner.FAIL
     assert result.observations["tfdtape_alone"] == "own component"
     assert ("tfdtape_alone: expected 'container', observed 'own component'"
             in result.message)
-    line = verify.result_line(result, 30)
+    line = check_runner.result_line(result, 30)
     assert line.startswith(f"{'replica_context_eager':30}  FAIL  ")
     assert line.endswith("tfdtape: expected 'container', observed 'own compon...")
     assert len(line) == 100
@@ -75,8 +75,8 @@ def test_broken_resolution_fails_with_a_useful_message(strategy, monkeypatch):
 def test_a_check_the_control_passes_is_not_discriminating(strategy):
     always = checks.Check("always", "observes the same everywhere",
                           lambda strategy: "same", "same")
-    result = verify.run_check(always, strategy)
-    assert result.status == verify.NOT_DISCRIMINATING
+    result = check_runner.run_check(always, strategy)
+    assert result.status == check_runner.NOT_DISCRIMINATING
     assert "cannot tell tfdtape from no tfdtape" in result.message
 
 
@@ -289,7 +289,7 @@ def test_cli_info_judges_holders_by_identity():
     assert ("tensorflow.python.eager.tape.watch_variable: TensorFlow's "
             "original") in out
     program = ("import tfdtape\n"
-               "from tfdtape.info_command import run\n"
+               "from tfdtape.cli.info_command import run\n"
                "run(None)\n")
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
     completed = subprocess.run([sys.executable, "-c", program], env=env,
@@ -330,8 +330,8 @@ def break_distributed_source_detection(monkeypatch, strategy):
 
 
 def break_replica_recording(monkeypatch, strategy):
-    from tfdtape import replica_recording
-    monkeypatch.setattr(replica_recording, "recording_tapes_here", lambda: [])
+    from tfdtape import spanning_tapes
+    monkeypatch.setattr(spanning_tapes, "recording_tapes_here", lambda: [])
     return strategy
 
 
@@ -357,15 +357,15 @@ def use_a_strategy_that_does_not_mirror(monkeypatch, strategy):
 
 def leave_captured_input_resolution(monkeypatch, strategy):
     """A function class that still resolves, and a tfdtape that keeps it."""
-    from tfdtape import defun
 
     class ResolvingFunction:
         def _resolve_captured_inputs(self):
             return []
 
-    monkeypatch.setattr(defun, "classes_with_captured_input_resolution",
+    from tfdtape import captured_inputs
+    monkeypatch.setattr(captured_inputs, "classes_with_captured_input_resolution",
                         lambda: [ResolvingFunction])
-    monkeypatch.setattr(defun, "make_resolver_replacement", lambda original: original)
+    monkeypatch.setattr(captured_inputs, "make_resolver_replacement", lambda original: original)
     return strategy
 
 
@@ -431,8 +431,8 @@ def test_every_check_has_a_fail_path():
 def test_each_check_fails_when_its_behaviour_breaks(strategy, monkeypatch, check):
     breaker, observed = BREAKERS[check.name]
     broken_strategy = breaker(monkeypatch, strategy)
-    result = verify.run_check(check, broken_strategy)
+    result = check_runner.run_check(check, broken_strategy)
     monkeypatch.undo()
-    assert result.status == verify.FAIL
+    assert result.status == check_runner.FAIL
     assert result.message.startswith(
         f"tfdtape: expected {check.expected!r}, observed {observed}")

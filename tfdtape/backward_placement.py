@@ -93,7 +93,7 @@ def _placed(backward_function, device):
     the strategy (`tf.recompute_grad` recomputing the replica's operations)
     gets the default strategy's replica context there, as with no scope
     around the step, whose collectives tfdtape refuses
-    (`replica_recording.check_not_differentiating_replicas`), rather than
+    (`spanning_tapes.check_not_differentiating_replicas`), rather than
     none, which Keras's synchronized BatchNormalization takes for "not
     distributed" and silently computes local statistics."""
 

@@ -46,7 +46,7 @@ from tensorflow.python.util import nest
 
 from tfdtape import compat
 from tfdtape import process_state
-from tfdtape import replica_recording
+from tfdtape import spanning_tapes
 
 # Kept across importlib.reload: totals handed out stay known.
 _copies = process_state.kept(globals(), "_copies", dict)
@@ -131,7 +131,7 @@ def _may_reduce_here(strategy):
     if context.executing_eagerly():
         return True
     graph = ops.get_default_graph()
-    return not (replica_recording.in_control_flow_body(graph) or
+    return not (spanning_tapes.in_control_flow_body(graph) or
                 _PFOR_BODY_SCOPE in ops.get_name_scope().split("/"))
 
 

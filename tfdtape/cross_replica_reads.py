@@ -31,8 +31,8 @@ from tensorflow.python.framework import ops
 from tensorflow.python.ops import array_ops
 
 from tfdtape import compat
-from tfdtape import replica_recording
 from tfdtape import resolution
+from tfdtape import spanning_tapes
 
 READ = "tfdtape_cross_replica_read"
 """The name the recorded read carries on the tape."""
@@ -75,10 +75,10 @@ def _tapes_apart(variable):
     bodies; then those that watch what they read, or watch `variable`."""
     if (pywrap_tfe.TFE_Py_TapeSetIsEmpty() or
             not in_multi_worker_mode(variable._distribute_strategy) or
-            replica_recording.in_control_flow_body(ops.get_default_graph())):
+            spanning_tapes.in_control_flow_body(ops.get_default_graph())):
         return []
     tapes = []
-    for tape in replica_recording.recording_tapes_here():
+    for tape in spanning_tapes.recording_tapes_here():
         if tape._watch_accessed_variables or any(
                 resolution.container_of(watched) is variable
                 for watched in resolution.watched_by(tape)):
@@ -121,11 +121,11 @@ def note_direct_read(component):
     if not graph._distribution_strategy_stack:
         route = ("a read outside any strategy.scope(), where the variable "
                  "stands for its first component")
-    elif replica_recording.in_control_flow_body(graph):
+    elif spanning_tapes.in_control_flow_body(graph):
         route = "a read inside a tf.cond branch or loop body"
     else:
         route = "a read of a component itself, as v.value() makes"
-    for tape in replica_recording.recording_tapes_here():
+    for tape in spanning_tapes.recording_tapes_here():
         tape.__dict__.setdefault(_DIRECT_READS, {}).setdefault(id(variable), route)
 
 

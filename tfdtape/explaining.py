@@ -15,11 +15,10 @@ from tensorflow.python.distribute import values_util
 from tensorflow.python.util import _pywrap_utils
 from tensorflow.python.util import nest
 
-from tfdtape import compat
 from tfdtape import errors
+from tfdtape import events
 from tfdtape import keras_variables
 from tfdtape import resolution
-from tfdtape import tracing
 
 NOT_WATCHED = "not watched"
 """A tensor no `tape.watch` call watched, or a variable the tape never
@@ -103,7 +102,7 @@ def explain(tape, target, sources, **gradient_options):
             "Call tfdtape.explain instead of tape.gradient, or create the "
             "tape with persistent=True"))
     recorded = tape._tape
-    with tracing.gradient_totals() as summed:
+    with events.gradient_totals() as summed:
         gradients = tape.gradient(target, sources, **gradient_options)
     none_gradients = [
         NoneGradient(*found) for found in none_reasons(
@@ -137,7 +136,7 @@ def none_reasons(tape, recorded, flat_sources, flat_gradients, summing):
     facts = _Facts(
         watched=resolution.watched_by(tape),
         watches_reads=tape._watch_accessed_variables,
-        context=context_now(), summing=summing)
+        context=events.context_now(), summing=summing)
     found = []
     for source in missing:
         if _pywrap_utils.IsTensor(source):
@@ -168,15 +167,6 @@ class _Facts:
 
     def holds(self, value):
         return any(value is w for w in self.watched)
-
-
-def context_now():
-    """Where code runs now: "cross-replica", "replica" or "no strategy"."""
-    if compat.strategy_context.get_replica_context() is None:
-        return "cross-replica"
-    if compat.strategy_context.has_strategy():
-        return "replica"
-    return "no strategy"
 
 
 def _known_to_tape(recorded, tensors):

@@ -8,7 +8,7 @@ components, and `gradient` differentiates with respect to those components
 and returns their total. In replica context, and with no strategy, both behave
 as TensorFlow's do, except that a gradient taken with no strategy from a tape
 that recorded the replicas of a `strategy.run` is that total too
-(`tfdtape.replica_recording`), and `watched_variables` lists each variable
+(`tfdtape.spanning_tapes`), and `watched_variables` lists each variable
 once. `watch` is wrapped in TensorFlow's `filter_traceback`,
 so its refusals show the user's frames, not tfdtape's
 (`tfdtape.frame_filters`); `gradient` is not, since AutoGraph maps an error
@@ -17,6 +17,7 @@ leaves in place.
 """
 
 import contextlib
+import dataclasses
 import functools
 import sys
 
@@ -38,14 +39,13 @@ from tfdtape import call_sites
 from tfdtape import compat
 from tfdtape import component_totals
 from tfdtape import cross_replica_reads
+from tfdtape import cross_thread_watch
 from tfdtape import errors
-from tfdtape import explaining
+from tfdtape import events
 from tfdtape import keras_variables
 from tfdtape import on_read_sources
-from tfdtape import replica_recording
 from tfdtape import resolution
-from tfdtape import tracing
-from tfdtape import visiting_watch
+from tfdtape import spanning_tapes
 from tfdtape import worker_totals
 
 _WATCH_SYMBOL = "tf.GradientTape.watch"
@@ -64,7 +64,7 @@ def watch(self, tensor):
     TensorFlow does. Everything in `tensor` is checked and resolved before
     anything is watched. A tape that records in another thread watches
     `tensor` too, where TensorFlow would do nothing
-    (`tfdtape.visiting_watch`).
+    (`tfdtape.cross_thread_watch`).
 
     Raises:
         tfdtape.errors.NotWatchableError: a ValueError (as TensorFlow raises)
@@ -73,7 +73,7 @@ def watch(self, tensor):
             strategy; nothing is watched then.
         ValueError: the watch, from a thread the tape does not record in,
             would hold for one trace of a tf.function only
-            (`tfdtape.visiting_watch.check_lasting`).
+            (`tfdtape.cross_thread_watch.check_lasting`).
     """
     items = [(item, watched, _is_variable(item))
              for item, watched in _watchables(tensor)]
@@ -81,9 +81,9 @@ def watch(self, tensor):
         for item, _, is_variable in items:
             if is_variable:
                 resolution.resolve(item)  # Raises before anything is watched.
-    visiting = visiting_watch.is_visiting(self)
+    visiting = cross_thread_watch.is_visiting(self)
     if visiting:
-        visiting_watch.check_lasting(
+        cross_thread_watch.check_lasting(
             self, [item for item, _, is_variable in items if is_variable])
         tape_module.push_tape(self._tape)
     try:
@@ -126,7 +126,7 @@ def _watchables(structure):
             found.extend(_watchables(parts))
         else:
             resolution.check_watchable(item, _WATCH_SYMBOL)
-            raise tracing.refused(errors.NotWatchableError(errors.message(
+            raise events.refused(errors.NotWatchableError(errors.message(
                 "cannot watch this object", _WATCH_SYMBOL,
                 "a tf.Tensor, tf.Variable or ExtensionType",
                 f"an object of type {type(item).__name__}",
@@ -162,40 +162,57 @@ def make_gradient(original_gradient):
     def gradient(self, target, sources, output_gradients=None,
                  unconnected_gradients=UnconnectedGradients.NONE):
         recorded = self._tape  # A non-persistent gradient drops it.
-        spanning = replica_recording.spanned_runs(self) > 0
+        spanning = spanning_tapes.spanned_runs(self) > 0
         try:
             with (backward_placement.placing() if spanning
                   else contextlib.nullcontext()), (
-                    replica_recording.differentiating_replicas() if spanning
+                    spanning_tapes.differentiating_replicas() if spanning
                     else contextlib.nullcontext()):
-                result, totals, one_device, summing, workers = _differentiate(
+                outcome = _differentiate(
                     original_gradient, self, target, sources, output_gradients,
                     unconnected_gradients)
         except Exception as error:
-            if spanning and replica_recording.is_cross_replica_backward_error(error):
-                errors.extend_message(error, replica_recording.BACKWARD_NOTE)
+            if spanning and spanning_tapes.is_cross_replica_backward_error(error):
+                errors.extend_message(error, spanning_tapes.BACKWARD_NOTE)
             raise
-        tracing.note_totals(totals, summing)
-        if tracing.active:
-            _report(self, recorded, sources, result, totals, one_device,
-                    summing, workers, sys._getframe(1))
-        return result
+        events.note_totals(outcome.totals, outcome.summing)
+        if events.active:
+            _report(self, recorded, sources, outcome.gradients, outcome,
+                    sys._getframe(1))
+        return outcome.gradients
 
     return gradient
 
 
+@dataclasses.dataclass(frozen=True)
+class _Outcome:
+    """What one `tape.gradient` call computed.
+
+    Attributes:
+        gradients: what `gradient` returns, packed as the sources.
+        totals: (source, number of components) for each distributed source
+            whose total derivative over its components was summed (not those
+            that came back None; with no strategy, only those a component
+            beyond the first took part in: the others get TensorFlow's own
+            gradient).
+        one_device: every such total in cross-replica context came from one
+            component of several (the step ran on one device, as without
+            strategy.run).
+        summing: the sources' components were differentiated (outside
+            replica context) rather than the sources themselves.
+        workers: across how many workers the totals were all-reduced (1:
+            within this process).
+    """
+    gradients: object
+    totals: tuple[tuple[object, int], ...] = ()
+    one_device: bool = False
+    summing: bool = False
+    workers: int = 1
+
+
 def _differentiate(original_gradient, tape, target, sources, output_gradients,
                    unconnected_gradients):
-    """(gradients, totals, one_device, summing, workers): what `gradient` returns;
-    (source, number of components) for each distributed source whose total
-    derivative over its components was summed (not those that came back
-    None; with no strategy, only those a component beyond the first took
-    part in: the others get TensorFlow's own gradient); whether every such
-    total in cross-replica context came from one component of several (the
-    step ran on one device, as without strategy.run); and whether the
-    sources' components were differentiated (outside replica context)
-    rather than the sources themselves; and across how many workers the
-    totals were all-reduced (1: within this process)."""
+    """The `_Outcome` of differentiating `target` by `sources` on `tape`."""
     if output_gradients is None:
         target = nest.map_structure(_replicas_if_per_replica, target)
     flat_sources = nest.flatten(sources)
@@ -208,9 +225,9 @@ def _differentiate(original_gradient, tape, target, sources, output_gradients,
             sources = nest.pack_sequence_as(sources, [
                 keras_variables.unwrap(source, _GRADIENT_SYMBOL)
                 for source in flat_sources])
-        return original_gradient(
+        return _Outcome(original_gradient(
             tape, target, sources, output_gradients=output_gradients,
-            unconnected_gradients=unconnected_gradients), (), False, False, 1
+            unconnected_gradients=unconnected_gradients))
     flat_variables = [keras_variables.unwrap(source, _GRADIENT_SYMBOL)
                       for source in flat_sources]
     components, spans = _split_distributed_sources(flat_variables, cross_replica)
@@ -268,7 +285,8 @@ def _differentiate(original_gradient, tape, target, sources, output_gradients,
         component_totals.note_over_replicas(
             total for variable, total in zip(flat_variables, totals)
             if resolution.is_distributed_variable(variable))
-    return nest.pack_sequence_as(sources, totals), summed, one_device, True, workers
+    return _Outcome(nest.pack_sequence_as(sources, totals), summed, one_device,
+                    summing=True, workers=workers)
 
 
 def _replicas_if_per_replica(target):
@@ -296,16 +314,14 @@ def _outside_replica_context(cross_replica):
     return cross_replica or not compat.strategy_context.has_strategy()
 
 
-def _report(tape, recorded, sources, result, totals, one_device, summing,
-            workers, frame):
+def _report(tape, recorded, sources, result, outcome, frame):
     """Sends a GradientEvent for this call to the open sinks."""
     flat_sources = tuple(nest.flatten(sources))
-    reasons = explaining.none_reasons(tape, recorded, flat_sources,
-                                      nest.flatten(result), summing)
-    tracing.record_gradient(tracing.GradientEvent(
-        tuple(reasons), totals, call_sites.caller_location(frame),
-        explaining.context_now(), one_device, flat_sources,
-        replica_recording.spanned_runs(tape) > 0, workers))
+    events.record_gradient(events.GradientEvent(
+        tape, recorded, flat_sources, tuple(nest.flatten(result)), outcome.summing,
+        outcome.totals, call_sites.caller_location(frame), events.context_now(),
+        outcome.one_device, flat_sources, spanning_tapes.spanned_runs(tape) > 0,
+        outcome.workers))
 
 
 def make_watched_variables(original_watched_variables):
@@ -369,7 +385,7 @@ def make_push_tape(original_push_tape):
         original_push_tape(self)
         if is_new:
             cross_replica_reads.forget(self)
-        replica_recording.tape_pushed(self, is_new)
+        spanning_tapes.tape_pushed(self, is_new)
 
     return _push_tape
 
@@ -380,7 +396,7 @@ def make_pop_tape(original_pop_tape):
     @functools.wraps(original_pop_tape)
     def _pop_tape(self):
         original_pop_tape(self)
-        replica_recording.tape_popped(self)
+        spanning_tapes.tape_popped(self)
 
     return _pop_tape
 

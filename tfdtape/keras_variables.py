@@ -19,7 +19,7 @@ from tensorflow.python.ops import variables
 from tensorflow.python.types import core as core_types
 
 from tfdtape import errors
-from tfdtape import tracing
+from tfdtape import events
 
 _variable_types = ()  # The backend's Variable classes, once found.
 
@@ -95,7 +95,7 @@ def wrapped_variable(value, symbol):
         return None
     inner = inner_or_none(value)
     if not isinstance(inner, variables.Variable):
-        raise tracing.refused(errors.NotWatchableError(errors.message(
+        raise events.refused(errors.NotWatchableError(errors.message(
             f"Keras variable {label(value)!r} has no tf.Variable yet", symbol,
             "a built Keras variable wrapping a tf.Variable",
             f"{type(inner).__name__} in its _value",

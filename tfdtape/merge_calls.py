@@ -40,7 +40,7 @@ from tfdtape import compat
 from tfdtape import component_totals
 from tfdtape import cross_replica_reads
 from tfdtape import errors
-from tfdtape import tracing
+from tfdtape import events
 from tfdtape import worker_agreement
 
 ATTRIBUTE = "maybe_merge_call"
@@ -92,7 +92,7 @@ def check_no_per_replica_values(args, kwargs, symbol=_SYMBOL):
     found = [value for value in nest.flatten((args, kwargs))
              if isinstance(value, values.PerReplica)]
     if found:
-        raise tracing.refused(ValueError(errors.message(
+        raise events.refused(ValueError(errors.message(
             "cannot apply per-replica values in cross-replica context", symbol,
             "values the same for every replica, such as the gradient of a tape "
             "around strategy.run, or values reduced with strategy.reduce",
@@ -113,7 +113,7 @@ def check_single_worker(strategy, symbol, what):
     """
     if not strategy.extended._in_multi_worker_mode():
         return
-    raise tracing.refused(ValueError(errors.message(
+    raise events.refused(ValueError(errors.message(
         f"{what} outside strategy.run under several workers", symbol,
         "a call inside strategy.run, or a strategy of one worker",
         f"a call outside strategy.run under a {type(strategy).__name__} in "

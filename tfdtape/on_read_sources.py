@@ -29,7 +29,7 @@ from tensorflow.python.ops import variables
 
 from tfdtape import compat
 from tfdtape import errors
-from tfdtape import tracing
+from tfdtape import events
 
 _SYMBOL = "tf.GradientTape.gradient"
 OUTSIDE = "outside any strategy"
@@ -93,7 +93,7 @@ def refusal(variable, where, why, report=True):
         _SYMBOL, expected, f"an ON_READ {type(variable).__name__}, {why}",
         "Compute the gradient inside strategy.run, where each replica "
         "differentiates with respect to its own component"))
-    return tracing.refused(error) if report else error
+    return events.refused(error) if report else error
 
 
 def _same_values(one, other):

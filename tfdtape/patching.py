@@ -18,12 +18,12 @@ import threading
 import types
 
 from tfdtape import errors
+from tfdtape import events
 from tfdtape import frame_filters
 from tfdtape import late_imports
 from tfdtape import process_state
 from tfdtape import release_policy
 from tfdtape import targets
-from tfdtape import tracing
 
 
 def _new_state():
@@ -211,8 +211,8 @@ def _plan():
     if foreign and not held:
         what, found, remedy = (
             ("TensorFlow's functions are observed as stock",
-             "tfdtape's stock observers", tracing.NO_INSTALL_REMEDY)
-            if tracing.observing_stock else
+             "tfdtape's stock observers", events.NO_INSTALL_REMEDY)
+            if events.observing_stock else
             ("another patch holds a function tfdtape replaces",
              ", ".join(targets.describe(target.current()) for target in foreign),
              "tfdtape cannot tell what that patch does with the variable, and "
@@ -258,7 +258,7 @@ def _uninstall_locked():
     for target, current in reversed(ours):
         target.put(targets.original_of(current))
     frame_filters.show()
-    tracing.note_uninstalled()
+    events.note_uninstalled()
     return True
 
 

@@ -8,7 +8,7 @@ replica context. Two places qualify:
 
 - a `merge_call` function (what `ReplicaContext.all_reduce` and
   `all_gather` run, or the program's own) for the replicas of a run that
-  only tapes around it record (`replica_recording.merging_for_spanned_replicas`);
+  only tapes around it record (`spanning_tapes.merging_for_spanned_replicas`);
   eagerly, the collectives of `reduce_to` and `batch_reduce_to` launch from
   a thread pool no tape records (the gradient is silently None), and in a
   graph `CollectiveReduceV2` has no gradient;
@@ -36,6 +36,8 @@ gradient was silently None) is recorded with a backward function that
 raises a `ValueError` saying so.
 """
 
+import sys
+
 from tensorflow.python import pywrap_tfe
 from tensorflow.python.distribute import reduce_util
 from tensorflow.python.distribute import values
@@ -49,9 +51,8 @@ from tfdtape import backward_placement
 from tfdtape import compat
 from tfdtape import cross_replica_reads
 from tfdtape import errors
-from tfdtape import replica_recording
-from tfdtape import scale_traps
-from tfdtape import tracing
+from tfdtape import events
+from tfdtape import spanning_tapes
 
 _SYMBOL = "tf.distribute.ReplicaContext.all_reduce or StrategyExtended.batch_reduce_to"
 _GATHER_SYMBOL = "tf.distribute.ReplicaContext.all_gather or Strategy.gather"
@@ -66,11 +67,13 @@ def make_reduce_to(original):
     where described above."""
 
     def reduce_to(self, reduce_op, value, destinations, options=None):
-        if tracing.active:
-            scale_traps.check_mean(reduce_op, value)
+        if events.reductions_heard():
+            events.record_reduction(reduce_op, value,
+                                    spanning_tapes.spanning_tapes_record_here(),
+                                    sys._getframe())
         _check_within_one_worker(self, [value], _SYMBOL)
         if not (_recordable(self, value) and (
-                replica_recording.merging_for_spanned_replicas() or
+                spanning_tapes.merging_for_spanned_replicas() or
                 (_across_workers(self) and _transfers_record_here()))):
             return original(self, reduce_op, value, destinations, options)
         reduced = _unrecorded(lambda: original(self, reduce_op, value, destinations,
@@ -138,7 +141,7 @@ def _unrecorded(transfer, symbol):
     """
     graph = ops.get_default_graph()
     inside_body = (not context.executing_eagerly() and
-                   replica_recording.in_control_flow_body(graph))
+                   spanning_tapes.in_control_flow_body(graph))
     before = len(graph.get_operations()) if inside_body else 0
     with compat.stop_recording():
         result = transfer()
@@ -146,7 +149,7 @@ def _unrecorded(transfer, symbol):
         collectives = sorted({op.type for op in graph.get_operations()[before:]
                               if op.type.startswith(("Collective", "Nccl"))})
         if collectives:
-            raise tracing.refused(ValueError(errors.message(
+            raise events.refused(ValueError(errors.message(
                 "cannot differentiate a collective inside a tf.cond branch or "
                 "loop body", symbol,
                 "strategy.run outside control flow when a tape around it "
@@ -161,9 +164,9 @@ def _unrecorded(transfer, symbol):
 
 
 def _transfers_record_here():
-    if replica_recording.merging_for_spanned_replicas():
+    if spanning_tapes.merging_for_spanned_replicas():
         return True
-    return (not replica_recording.merging_for_a_run() and
+    return (not spanning_tapes.merging_for_a_run() and
             compat.recording_module.could_possibly_record() and
             not pywrap_tfe.TFE_Py_TapeSetIsStopped())
 
@@ -192,13 +195,13 @@ def _check_within_one_worker(extended, values_, symbol):
     """Raises ValueError if a merge_call function for the replicas of a
     strategy.run that tapes around it record reduces per-replica values
     across workers: its backward pass would need every worker's cotangents."""
-    if (replica_recording.merging_for_spanned_replicas() and _across_workers(extended) and
+    if (spanning_tapes.merging_for_spanned_replicas() and _across_workers(extended) and
             any(_recordable(extended, value) for value in values_)):
         raise _across_workers_refusal(symbol, "a reduction inside the replicas")
 
 
 def _across_workers_refusal(symbol, what):
-    return tracing.refused(ValueError(errors.message(
+    return events.refused(ValueError(errors.message(
         "cannot differentiate a transfer across workers", symbol,
         "strategy.reduce (or batch_reduce_to) of strategy.run's values in "
         "cross-replica context under a strategy of several workers",
@@ -217,7 +220,7 @@ def _record_refusal(extended, value, reduced):
                if isinstance(r, indexed_slices.IndexedSlices)]
 
     def refuse(*cotangents):
-        raise tracing.refused(ValueError(errors.message(
+        raise events.refused(ValueError(errors.message(
             "cannot differentiate an all-reduce of IndexedSlices", _SYMBOL,
             "dense values in an all-reduce a tape around strategy.run "
             "differentiates", "IndexedSlices (sparse rows, such as an "

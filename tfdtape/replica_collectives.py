@@ -40,8 +40,8 @@ from tfdtape import compat
 from tfdtape import component_totals
 from tfdtape import cross_replica_reads
 from tfdtape import errors
-from tfdtape import replica_recording
-from tfdtape import tracing
+from tfdtape import events
+from tfdtape import spanning_tapes
 
 _ALL_REDUCE = "tf.distribute.ReplicaContext.all_reduce"
 _ALL_GATHER = "tf.distribute.ReplicaContext.all_gather"
@@ -53,7 +53,7 @@ def make_all_reduce(original):
     TensorFlow's custom gradient."""
 
     def all_reduce(self, reduce_op, value, options=None):
-        replica_recording.check_not_differentiating_replicas(self, _ALL_REDUCE)
+        spanning_tapes.check_not_differentiating_replicas(self, _ALL_REDUCE)
         check_no_total(self.num_replicas_in_sync, value, _ALL_REDUCE)
         if not _in_its_replica(self, _ALL_REDUCE):
             return value  # The sum, and the mean, of one replica's value.
@@ -79,7 +79,7 @@ def check_no_total(replicas, value, symbol):
     strategy.run does: TensorFlow would add up every replica's (and every
     worker's) copy of it."""
     if replicas > 1 and component_totals.made_of_total(value):
-        raise tracing.refused(ValueError(errors.message(
+        raise events.refused(ValueError(errors.message(
             "cannot all-reduce a total over the replicas again", symbol,
             "values computed inside the replicas",
             "the gradient of a tape around strategy.run (already the sum "
@@ -96,7 +96,7 @@ def make_all_gather(original):
     TensorFlow's custom gradient."""
 
     def all_gather(self, value, axis, options=None):
-        replica_recording.check_not_differentiating_replicas(self, _ALL_GATHER)
+        spanning_tapes.check_not_differentiating_replicas(self, _ALL_GATHER)
         if not _in_its_replica(self, _ALL_GATHER):
             return value  # The gather of one replica's value.
         if not _transfers_in_the_calling_thread(self, value, _ALL_GATHER):
@@ -131,7 +131,7 @@ def _in_its_replica(replica_context, symbol):
         return True
     if replica_context._strategy.num_replicas_in_sync == 1:
         return False
-    raise tracing.refused(RuntimeError(errors.message(
+    raise events.refused(RuntimeError(errors.message(
         "cannot run a collective outside the replica it belongs to", symbol,
         "a call inside the function passed to strategy.run",
         "a call outside it, as TensorFlow's gradient of a collective makes "
@@ -154,9 +154,9 @@ def _transfers_in_the_calling_thread(replica_context, value, symbol):
             would need every worker's cotangents.
     """
     strategy = replica_context._strategy
-    if (replica_recording.only_spanning_tapes_record_here() and
+    if (spanning_tapes.only_spanning_tapes_record_here() and
             cross_replica_reads.in_multi_worker_mode(strategy)):
-        raise tracing.refused(ValueError(errors.message(
+        raise events.refused(ValueError(errors.message(
             "cannot differentiate a collective across workers from a tape "
             "around strategy.run", symbol,
             "collectives inside the replicas of a strategy of one worker, or "
@@ -166,7 +166,7 @@ def _transfers_in_the_calling_thread(replica_context, value, symbol):
             "every worker's cotangents",
             "Open the tape inside the function you pass to strategy.run (the "
             "collective then has TensorFlow's gradient)")))
-    return (replica_recording.only_spanning_tapes_record_here() and
+    return (spanning_tapes.only_spanning_tapes_record_here() and
             strategy.extended._use_merge_call() and
             len(strategy.extended.worker_devices) == strategy.num_replicas_in_sync and
             not any(isinstance(v, indexed_slices.IndexedSlices)

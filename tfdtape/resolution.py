@@ -18,8 +18,8 @@ from tensorflow.python.ops import resource_variable_ops
 from tensorflow.python.util import _pywrap_utils
 
 from tfdtape import errors
+from tfdtape import events
 from tfdtape import keras_variables
-from tfdtape import tracing
 
 RESOURCE_VARIABLE = resource_variable_ops.ResourceVariable
 CONTAINER_REFERENCE = "_distributed_container"
@@ -88,7 +88,7 @@ def resolve(variable):
     check_watchable(variable, _RESOLVE_SYMBOL)
     if not (_pywrap_utils.IsTensor(variable) or
             _pywrap_utils.IsVariable(variable)):
-        raise tracing.refused(errors.NotWatchableError(errors.message(
+        raise events.refused(errors.NotWatchableError(errors.message(
             "cannot resolve this object", _RESOLVE_SYMBOL,
             "one tf.Variable, Keras variable or tf.Tensor",
             f"an object of type {type(variable).__name__}",
@@ -139,7 +139,7 @@ def _check_has_replica_component(container, strategy):
     if replica_id is None or replica_id < components:
         return
     owner = container._distribute_strategy
-    raise tracing.refused(errors.NotWatchableError(errors.message(
+    raise events.refused(errors.NotWatchableError(errors.message(
         f"variable {container.name!r} belongs to another strategy",
         "tf.GradientTape.watch",
         f"a variable of the current strategy, {_describe_strategy(strategy)}",
@@ -202,14 +202,14 @@ def check_watchable(value, symbol):
         symbol: the API the user called, named in the message.
     """
     if isinstance(value, _REPLICA_VALUE_TYPES) and not is_distributed_variable(value):
-        raise tracing.refused(errors.NotWatchableError(errors.message(
+        raise events.refused(errors.NotWatchableError(errors.message(
             "cannot watch a per-replica value", symbol,
             "a tf.Variable or tf.Tensor",
             f"a {type(value).__name__} holding one value per replica",
             "Watch the tensor inside strategy.run, where each replica sees "
             "its own value, or watch the variable it was computed from")))
     if value is None or isinstance(value, (str, bytes, numbers.Number)):
-        raise tracing.refused(errors.NotWatchableError(errors.message(
+        raise events.refused(errors.NotWatchableError(errors.message(
             "cannot watch a non-tensor", symbol,
             "a tf.Variable or tf.Tensor",
             f"{value!r} of type {type(value).__name__}",

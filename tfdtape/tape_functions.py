@@ -21,8 +21,8 @@ from tensorflow.python import pywrap_tfe
 from tensorflow.python.framework import ops
 
 from tfdtape import cross_replica_reads
+from tfdtape import events
 from tfdtape import resolution
-from tfdtape import tracing
 
 _tape_watch = pywrap_tfe.TFE_Py_TapeWatch
 _tape_watch_variable = pywrap_tfe.TFE_Py_TapeWatchVariable
@@ -47,8 +47,8 @@ def watch_variable(tape, variable):
             not _get_default_graph()._distribution_strategy_stack):
         for component in watched[0].values:
             _tape_watch(tape._tape, component.handle)
-    if tracing.active:
-        tracing.record("watch", variable, watched)
+    if events.active:
+        events.record("watch", variable, watched)
 
 
 def variable_accessed(variable):
@@ -64,8 +64,8 @@ def variable_accessed(variable):
             _AGGREGATING_REFERENCE not in variable.__dict__):
         _tape_variable_accessed(variable)
         _watcher_variable_accessed(variable)
-        if tracing.active:
-            tracing.record("access", variable, (variable,))
+        if events.active:
+            events.record("access", variable, (variable,))
         return
     accessed = _resolve(variable)
     for var in accessed:
@@ -73,8 +73,8 @@ def variable_accessed(variable):
         _watcher_variable_accessed(var)
     if accessed[0] is variable:  # A component read as itself: outside the replicas.
         cross_replica_reads.note_direct_read(variable)
-    if tracing.active:
-        tracing.record("access", variable, accessed)
+    if events.active:
+        events.record("access", variable, accessed)
 
 
 def variables_accessed(variables):
@@ -91,5 +91,5 @@ def variables_accessed(variables):
             _watcher_variable_accessed(var)
         if accessed[0] is variable:
             cross_replica_reads.note_direct_read(variable)
-        if tracing.active:
-            tracing.record("access", variable, accessed)
+        if events.active:
+            events.record("access", variable, accessed)

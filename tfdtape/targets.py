@@ -33,18 +33,18 @@ from tensorflow.python.eager import tape as tape_module
 from tensorflow.python.framework import ops
 
 from tfdtape import backward_placement
+from tfdtape import captured_inputs
 from tfdtape import compat
 from tfdtape import cross_replica_reads
-from tfdtape import defun
 from tfdtape import errors
 from tfdtape import gradient_tape
 from tfdtape import keras2_aggregation
 from tfdtape import keras2_loss_scaling
-from tfdtape import loss_scaling
+from tfdtape import keras3_loss_scaling
 from tfdtape import merge_calls
 from tfdtape import recorded_transfers
 from tfdtape import replica_collectives
-from tfdtape import replica_recording
+from tfdtape import spanning_tapes
 from tfdtape import tape_functions
 
 _MISSING = object()
@@ -285,7 +285,7 @@ def patch_targets():
                     gradient_tape.make_pop_tape),
         PatchTarget(mirrored_run, "_call_for_each_replica",
                     ("distribution", "fn", "args", "kwargs"),
-                    replica_recording.make_call_for_each_replica),
+                    spanning_tapes.make_call_for_each_replica),
         PatchTarget(backprop, "_aggregate_grads", ("gradients",),
                     backward_placement.make_aggregate_grads,
                     registers=backward_placement.register_aggregation),
@@ -303,9 +303,9 @@ def patch_targets():
                      "backward_function"),
                     backward_placement.make_record_operation),
         PatchTarget(forwardprop.ForwardAccumulator, "_push_accumulator", ("self",),
-                    replica_recording.make_push_accumulator),
+                    spanning_tapes.make_push_accumulator),
         PatchTarget(forwardprop.ForwardAccumulator, "_pop_accumulator", ("self",),
-                    replica_recording.make_pop_accumulator),
+                    spanning_tapes.make_pop_accumulator),
         PatchTarget(distribute_lib.ReplicaContextBase, "all_reduce",
                     ("self", "reduce_op", "value", "options"),
                     replica_collectives.make_all_reduce),
@@ -324,9 +324,9 @@ def patch_targets():
         PatchTarget(values_lib.MirroredVariable, "_get_cross_replica", ("self",),
                     cross_replica_reads.make_get_cross_replica),
     ]
-    table += [PatchTarget(cls, defun.RESOLVER_METHOD, ("self",),
-                          defun.make_resolver_replacement)
-              for cls in defun.classes_with_captured_input_resolution()]
+    table += [PatchTarget(cls, captured_inputs.RESOLVER_METHOD, ("self",),
+                          captured_inputs.make_resolver_replacement)
+              for cls in captured_inputs.classes_with_captured_input_resolution()]
     table += _maybe_merge_call_targets()
     table += _keras_targets()
     return table
@@ -345,10 +345,10 @@ def _keras_targets():
                           keras2_loss_scaling.REPLACEMENTS[cls.__name__],
                           required=False)
               for cls, parameters in keras2_loss_scaling.keras2_classes()]
-    keras_class = loss_scaling.keras_class()
+    keras_class = keras3_loss_scaling.keras_class()
     if keras_class is not None:
-        table.append(PatchTarget(keras_class, loss_scaling.ATTRIBUTE,
-                                 loss_scaling.PARAMETERS, loss_scaling.make_tf_apply,
+        table.append(PatchTarget(keras_class, keras3_loss_scaling.ATTRIBUTE,
+                                 keras3_loss_scaling.PARAMETERS, keras3_loss_scaling.make_tf_apply,
                                  required=False))
     return table
 

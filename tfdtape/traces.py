@@ -1,7 +1,7 @@
 """`tfdtape.trace()`: a record of every watch decision tfdtape makes.
 
-A `Trace` is a sink of `tfdtape.tracing`: while its block is open, every
-decision tfdtape's tape functions take is kept as a `tracing.WatchEvent`, from
+A `Trace` is a sink of `tfdtape.events`: while its block is open, every
+decision tfdtape's tape functions take is kept as a `events.WatchEvent`, from
 any thread. It needs tfdtape installed, since TensorFlow's own functions
 report nothing, and does not install it, which would change the program it
 observes.
@@ -10,9 +10,9 @@ observes.
 import contextlib
 
 from tfdtape import errors
+from tfdtape import events
 from tfdtape import keras_variables
 from tfdtape import patching
-from tfdtape import tracing
 
 
 class Trace:
@@ -62,7 +62,7 @@ class Trace:
                           for row in rows)
         if self.complete:
             return table
-        return f"{tracing.INCOMPLETE_NOTE}\n{table}"
+        return f"{events.INCOMPLETE_NOTE}\n{table}"
 
 
 def _name(value):
@@ -90,8 +90,8 @@ def trace():
     """
     if not patching.is_installed():
         found, remedy = (
-            ("TensorFlow's own, observed as stock", tracing.NO_INSTALL_REMEDY)
-            if tracing.observing_stock else
+            ("TensorFlow's own, observed as stock", events.NO_INSTALL_REMEDY)
+            if events.observing_stock else
             ("TensorFlow's own, which report nothing",
              "Call tfdtape.install() first (`import tfdtape` does, unless "
              "TFDTAPE_AUTOINSTALL=0)"))
@@ -100,8 +100,8 @@ def trace():
             "tfdtape's tape functions in TensorFlow, which report each watch "
             "decision", found, remedy))
     recording = Trace()
-    tracing.open_sink(recording)
+    events.open_sink(recording)
     try:
         yield recording
     finally:
-        tracing.close_sink(recording)
+        events.close_sink(recording)

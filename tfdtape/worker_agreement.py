@@ -26,8 +26,8 @@ from tensorflow.python.util import nest
 from tfdtape import compat
 from tfdtape import component_totals
 from tfdtape import errors
+from tfdtape import events
 from tfdtape import resolution
-from tfdtape import tracing
 
 _APPLY_SYMBOL = "tf.__internal__.distribute.interim.maybe_merge_call"
 
@@ -101,7 +101,7 @@ def check_apply(strategy, args, kwargs):
 
     def refusal(index):
         label = unknown[index][2]
-        return tracing.refused(ValueError(errors.message(
+        return events.refused(ValueError(errors.message(
             "cannot apply values that differ between workers", _APPLY_SYMBOL,
             "values the same on every worker, such as the gradient a tape "
             "around strategy.run takes (all-reduced across the workers)",

@@ -57,9 +57,9 @@ from tfdtape import compat
 from tfdtape import component_totals
 from tfdtape import cross_replica_reads
 from tfdtape import errors
+from tfdtape import events
 from tfdtape import process_state
-from tfdtape import replica_recording
-from tfdtape import tracing
+from tfdtape import spanning_tapes
 from tfdtape import worker_agreement
 
 _SYMBOL = "tf.GradientTape.gradient"
@@ -82,7 +82,7 @@ def check_may_reduce(tape, variables):
                 "(tf.nn.scale_regularization_loss), or read the variable inside "
                 "strategy.scope(), outside control flow, with "
                 "tf.convert_to_tensor(v) or v.read_value()")
-    others = [other for other, _ in replica_recording.tapes_pushed_here()
+    others = [other for other, _ in spanning_tapes.tapes_pushed_here()
               if other is not tape and other._tape is not None]
     if others:
         raise _refusal(
@@ -93,7 +93,7 @@ def check_may_reduce(tape, variables):
             "strategy.run, or with a strategy of one worker")
     graph = ops.get_default_graph()
     if not context.executing_eagerly() and (
-            replica_recording.in_control_flow_body(graph) or
+            spanning_tapes.in_control_flow_body(graph) or
             _PFOR_BODY_SCOPE in ops.get_name_scope().split("/")):
         raise _refusal(
             "cannot take a gradient across workers inside control flow",
@@ -105,7 +105,7 @@ def check_may_reduce(tape, variables):
 
 
 def _refusal(what, found, remedy):
-    return tracing.refused(ValueError(errors.message(
+    return events.refused(ValueError(errors.message(
         f"{what} (MultiWorkerMirroredStrategy)", _SYMBOL,
         "a gradient whose share on each worker can be all-reduced once, exactly",
         found, remedy)))

@@ -1,7 +1,7 @@
 """What happened to gradient tapes in a run, counted: the recorder behind
 `python -m tfdtape run` and the pytest plugin's report.
 
-A `Recorder` is a sink of `tfdtape.tracing`: it receives every watch
+An `EventCounts` is a sink of `tfdtape.events`: it receives every watch
 decision, every `GradientTape.gradient` call and every refusal of tfdtape's.
 It counts them per *variable* — the object, not its name, so two variables
 that share a name (two Keras layers' `kernel`, a model and its restored copy)
@@ -9,7 +9,7 @@ stay apart, and one variable read as a component and named as a Keras
 variable is one. It never keeps a tensor or a variable alive: variables are
 told apart by weak references, and what it keeps grows with the number of
 distinct variables and call sites, not with steps. `snapshot()` gives
-everything as plain data, which `tfdtape.run_report` turns into the summary
+everything as plain data, which `tfdtape.cli.run_report` turns into the summary
 and the JSON report.
 
 It also notes what deserves a warning: a plain variable read in replica
@@ -27,10 +27,11 @@ from tensorflow.python.ops import resource_variable_ops
 from tensorflow.python.ops import variables
 
 from tfdtape import call_sites
+from tfdtape import events
+from tfdtape import explaining
 from tfdtape import keras_variables
 from tfdtape import process_state
 from tfdtape import resolution
-from tfdtape import tracing
 
 CONTAINER = "container"
 """Watched as its distributed container (replica context)."""
@@ -45,7 +46,7 @@ REPLICA_PLAIN = "plain variable in replica context"
 ONE_DEVICE = "cross-replica gradient on one device"
 REFUSAL = "refused by tfdtape"
 """The kinds of warning a snapshot lists, in this order, then those of
-`tfdtape.scale_traps` (`run_report` explains each)."""
+`tfdtape.cli.scale_traps` (`run_report` explains each)."""
 
 
 class _Variable:
@@ -130,7 +131,7 @@ def _grouped(entries, key):
     return list(groups.items())
 
 
-class Recorder:
+class EventCounts:
     """Counts watch decisions, gradient calls, None gradients, total
     derivatives, and what deserves a warning, per variable."""
 
@@ -153,7 +154,7 @@ class Recorder:
         self._scale_traps = collections.Counter()  # (kind, location) -> count
 
     def add_event(self, event):
-        """Counts one tracing.WatchEvent under (variable, how, kind, context,
+        """Counts one events.WatchEvent under (variable, how, kind, context,
         replica, strategy); a read while no tape recorded is no tape's."""
         if not event.taped:
             return
@@ -166,15 +167,18 @@ class Recorder:
                 self._note_replica_plain(entry)
 
     def add_gradient(self, event):
-        """Counts one tracing.GradientEvent: the call, its None gradients and
-        total derivatives by source and call site."""
+        """Counts one events.GradientEvent: the call, its None gradients (why
+        each is None asked of `tfdtape.explaining` now, while the tape still
+        records as it did) and total derivatives by source and call site."""
+        none_reasons = explaining.none_reasons(
+            event.tape, event.recorded, event.asked, event.gradients, event.summing)
         with self._lock:
             self._gradient_calls += 1
             self._calls_around_runs += event.around_run
             for source in event.sources:
                 if keras_variables.is_keras_variable(source):
                     self._source_entry(source)  # names its variable's row
-            for source, reason, message in event.none_reasons:
+            for source, reason, message in none_reasons:
                 key = (self._source_entry(source), reason, event.location,
                        event.context)
                 self._none_gradients[key] += 1
@@ -193,13 +197,13 @@ class Recorder:
                                                  event.location)
 
     def add_refusal(self, event):
-        """Counts one tracing.RefusalEvent (an error tfdtape raised)."""
+        """Counts one events.RefusalEvent (an error tfdtape raised)."""
         with self._lock:
             self._refusals[(event.message, event.location)] += 1
 
     def add_warning(self, event):
-        """Counts one tracing.WarningEvent (a program training at the wrong
-        scale, `tfdtape.scale_traps`)."""
+        """Counts one events.WarningEvent (a program training at the wrong
+        scale, `tfdtape.cli.scale_traps`)."""
         with self._lock:
             self._scale_traps[(event.kind, event.location)] += 1
 
@@ -286,10 +290,10 @@ class Recorder:
 
 
 def incomplete_reason(snapshot):
-    """Why the recording a `Recorder.snapshot()` holds is incomplete (tfdtape
+    """Why the recording an `EventCounts.snapshot()` holds is incomplete (tfdtape
     was uninstalled while it recorded), or None: what `run_report.build`
     takes with that snapshot."""
-    return None if snapshot["complete"] else tracing.INCOMPLETE_NOTE
+    return None if snapshot["complete"] else events.INCOMPLETE_NOTE
 
 
 def _row_of(variable, resolved):

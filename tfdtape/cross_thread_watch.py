@@ -20,8 +20,8 @@ from tensorflow.python import pywrap_tfe
 from tensorflow.python.eager import context
 
 from tfdtape import errors
+from tfdtape import events
 from tfdtape import resolution
-from tfdtape import tracing
 
 _SYMBOL = "tf.GradientTape.watch"
 
@@ -47,7 +47,7 @@ def check_lasting(tape, variables):
     for variable in variables:
         resolved = resolution.resolve(variable)
         if not all(id(item) in watched for item in resolved):
-            raise tracing.refused(ValueError(errors.message(
+            raise events.refused(ValueError(errors.message(
                 f"cannot watch {getattr(variable, 'name', variable)!r} inside this "
                 "tf.function", _SYMBOL,
                 "a tape that records where the tf.function is traced, or a "

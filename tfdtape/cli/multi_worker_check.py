@@ -11,7 +11,7 @@ cross-replica context with SGD(0.125). The job's gradient is
 2 v (1 + 2) = 18 on both workers, and both must hold the same bytes after
 the step: v = 3 - 0.125 * 18 = 0.75.
 
-    python -m tfdtape.multi_worker_check CONFIGURATION   (a worker; TF_CONFIG set)
+    python -m tfdtape.cli.multi_worker_check CONFIGURATION   (a worker; TF_CONFIG set)
 """
 
 import contextlib
@@ -73,7 +73,7 @@ def _run_workers(configuration):
                                TF_CONFIG=json.dumps({"cluster": cluster, "task": {
                                    "type": "worker", "index": index}}))
             processes.append(subprocess.Popen(
-                [sys.executable, "-m", "tfdtape.multi_worker_check", configuration],
+                [sys.executable, "-m", "tfdtape.cli.multi_worker_check", configuration],
                 env=environment, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                 text=True))
         outputs = []

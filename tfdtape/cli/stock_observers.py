@@ -3,7 +3,7 @@
 
 `observe_stock()` wraps TensorFlow's own tape functions and
 `GradientTape.gradient` with observers that call them unchanged and then
-report what they did to `tfdtape.tracing`, so a recorder sees what stock
+report what they did to `tfdtape.events`, so a recorder sees what stock
 TensorFlow watches — for comparison with a run where tfdtape is installed.
 The observers are for a process that ends with the run: they are put in
 place once and taken out when the block exits.
@@ -19,8 +19,7 @@ from tensorflow.python.util import nest
 
 from tfdtape import call_sites
 from tfdtape import compat
-from tfdtape import explaining
-from tfdtape import tracing
+from tfdtape import events
 
 
 def stock_resolution(variable):
@@ -39,8 +38,8 @@ def _observe_watch_variable(original):
     @functools.wraps(original)
     def watch_variable(tape, variable):
         original(tape, variable)
-        if tracing.active:
-            tracing.record("watch", variable, stock_resolution(variable))
+        if events.active:
+            events.record("watch", variable, stock_resolution(variable))
     return watch_variable
 
 
@@ -48,8 +47,8 @@ def _observe_variable_accessed(original):
     @functools.wraps(original)
     def variable_accessed(variable):
         original(variable)
-        if tracing.active:
-            tracing.record("access", variable, stock_resolution(variable))
+        if events.active:
+            events.record("access", variable, stock_resolution(variable))
     return variable_accessed
 
 
@@ -57,10 +56,10 @@ def _observe_variables_accessed(original):
     @functools.wraps(original)
     def variables_accessed(variables):
         original(variables)
-        if tracing.active:
+        if events.active:
             for variable in variables:
                 if variable.trainable:
-                    tracing.record("access", variable,
+                    events.record("access", variable,
                                    stock_resolution(variable))
     return variables_accessed
 
@@ -70,13 +69,11 @@ def _observe_gradient(original):
     def gradient(self, target, sources, *args, **kwargs):
         recorded = self._tape
         result = original(self, target, sources, *args, **kwargs)
-        if tracing.active:
-            tracing.record_gradient(tracing.GradientEvent(
-                tuple(explaining.none_reasons(
-                    self, recorded, nest.flatten(sources), nest.flatten(result),
-                    False)),
-                (), call_sites.caller_location(sys._getframe(1)),
-                explaining.context_now()))
+        if events.active:
+            events.record_gradient(events.GradientEvent(
+                self, recorded, tuple(nest.flatten(sources)),
+                tuple(nest.flatten(result)), False, (),
+                call_sites.caller_location(sys._getframe(1)), events.context_now()))
         return result
     return gradient
 
@@ -97,10 +94,10 @@ def observe_stock():
     makers = {name: make for _, name, make in _OBSERVED}
     for owner, name, original in originals:
         setattr(owner, name, makers[name](original))
-    tracing.observing_stock = True
+    events.observing_stock = True
     try:
         yield
     finally:
-        tracing.observing_stock = False
+        events.observing_stock = False
         for owner, name, original in originals:
             setattr(owner, name, original)

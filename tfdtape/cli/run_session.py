@@ -17,10 +17,10 @@ import logging
 import os
 import sys
 
-from tfdtape import command_line
 from tfdtape import import_hook
 from tfdtape import release_policy
-from tfdtape import script_runner
+from tfdtape.cli import command_line
+from tfdtape.cli import script_runner
 
 UNSEEN_IMPORT_NOTE = (
     "note: TensorFlow was imported by a route tfdtape run did not see (an "
@@ -56,10 +56,10 @@ class RunRecording:
         """(what the recorder counted, why it is incomplete or None); an
         empty recording if TensorFlow was never imported."""
         if self.recorder is not None:
-            from tfdtape import recorder as recorder_lib
+            from tfdtape.cli import event_counts
             snapshot = self.recorder.snapshot()
-            return snapshot, recorder_lib.incomplete_reason(snapshot)
-        from tfdtape import run_report
+            return snapshot, event_counts.incomplete_reason(snapshot)
+        from tfdtape.cli import run_report
         version = getattr(sys.modules.get("tensorflow"), "__version__", None)
         imported = isinstance(version, str)  # not a stand-in the script made
         return (dict(run_report.EMPTY_SNAPSHOT, complete=not imported),
@@ -74,18 +74,18 @@ class RunRecording:
         except command_line.UsageError as error:
             _stop_the_run(f"tfdtape: {error}")
 
-        from tfdtape import recorder as recorder_lib
-        from tfdtape import tracing
-        self.recorder = recorder_lib.Recorder()
-        tracing.open_sink(self.recorder)
-        self._cleanup.callback(tracing.close_sink, self.recorder)
+        from tfdtape import events
+        from tfdtape.cli import event_counts
+        self.recorder = event_counts.EventCounts()
+        events.open_sink(self.recorder)
+        self._cleanup.callback(events.close_sink, self.recorder)
 
     def _put_in(self):
         """Installs tfdtape, or puts the stock observers in place."""
 
         if self._observe_stock:
-            from tfdtape import observers
-            self._cleanup.enter_context(observers.observe_stock())
+            from tfdtape.cli import stock_observers
+            self._cleanup.enter_context(stock_observers.observe_stock())
             return
         import runpy
 
@@ -105,7 +105,7 @@ class RunRecording:
                 str(error).removeprefix("tfdtape: ")) from None
         finally:
             log.disabled = quiet_before
-        from tfdtape import scale_traps
+        from tfdtape.cli import scale_traps
         self._cleanup.enter_context(scale_traps.observe_average_losses())
 
 

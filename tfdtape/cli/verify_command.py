@@ -1,4 +1,4 @@
-"""`python -m tfdtape verify`: the checks of `tfdtape.checks` on a
+"""`python -m tfdtape verify`: the checks of `tfdtape.cli.checks` on a
 MirroredStrategy over virtual CPUs, reported for people and for CI.
 
 The default report has one line per check (name, verdict, time, one short
@@ -10,7 +10,7 @@ import os
 import subprocess
 import sys
 
-from tfdtape import command_line
+from tfdtape.cli import command_line
 
 MAX_REPLICAS = 64
 REEXEC_VARIABLE = "TFDTAPE_VERIFY_REEXEC"
@@ -51,7 +51,7 @@ def run(args, argv):
         if path is not None:
             command_line.check_output_path(path, option)
     tf = command_line.import_tensorflow()
-    command_line.import_internals(tf, "checks", "testing", "verify")
+    command_line.import_internals(tf, "cli.checks", "testing", "cli.check_runner")
     from tfdtape import release_policy
     release_policy.accept_untested()  # checking a build is verify's job
     checks = _selected_checks(args.only, args.multi_worker)
@@ -70,7 +70,7 @@ def run(args, argv):
 def _selected_checks(only, multi_worker):
     """The checks named by --only (each once, in the order given), or all;
     the multi-worker ones only with --multi-worker."""
-    from tfdtape import checks
+    from tfdtape.cli import checks
     available = checks.CHECKS + (checks.MULTI_WORKER_CHECKS if multi_worker else ())
     if not only:
         return list(available)
@@ -104,7 +104,7 @@ def _rerun_in_a_fresh_process(argv, error):
 
 def _run_checks(tf, checks, devices, args):
     from tfdtape import testing
-    from tfdtape import verify
+    from tfdtape.cli import check_runner
     tf.get_logger().setLevel("ERROR")  # retracing and eager-strategy advice
     strategy = tf.distribute.MirroredStrategy(devices)
     from tfdtape import versions
@@ -116,8 +116,8 @@ def _run_checks(tf, checks, devices, args):
     name_width = max(len(check.name) for check in checks)
     results = []
     for check in checks:
-        results.append(verify.run_check(check, strategy))
-        print(verify.result_line(results[-1], name_width, WIDTH,
+        results.append(check_runner.run_check(check, strategy))
+        print(check_runner.result_line(results[-1], name_width, WIDTH,
                                  verbose=args.verbose), flush=True)
     environment = {
         "tensorflow": tf.__version__,
@@ -128,9 +128,9 @@ def _run_checks(tf, checks, devices, args):
         "native_resolution": testing.native_resolution_description(),
     }
     print()
-    print("\n".join(verify.summary_lines(results, environment)))
-    for path, write in ((args.json, verify.write_json),
-                        (args.junit, verify.write_junit)):
+    print("\n".join(check_runner.summary_lines(results, environment)))
+    for path, write in ((args.json, check_runner.write_json),
+                        (args.junit, check_runner.write_junit)):
         if path:
             try:
                 write(path, results, environment)
@@ -138,7 +138,7 @@ def _run_checks(tf, checks, devices, args):
                 raise command_line.UsageError(
                     f"cannot write the report to {path} "
                     f"({error.strerror or error})") from None
-    passed = all(result.status == verify.PASS for result in results)
+    passed = all(result.status == check_runner.PASS for result in results)
     return command_line.EXIT_PASSED if passed else command_line.EXIT_FAILED
 
 

@@ -39,9 +39,9 @@ from tensorflow.python.util import traceback_utils
 from tfdtape import backward_placement
 from tfdtape import compat
 from tfdtape import errors
+from tfdtape import events
 from tfdtape import process_state
 from tfdtape import resolution
-from tfdtape import tracing
 
 _SPANNED_RUNS = "_tfdtape_spanned_runs"
 """On a GradientTape: how many strategy.run calls it recorded the replicas of
@@ -205,7 +205,7 @@ def check_not_differentiating_replicas(replica_context, symbol):
             replica_context._strategy is not
             compat.strategy_context._get_default_strategy()):
         return
-    raise tracing.refused(ValueError(errors.message(
+    raise events.refused(ValueError(errors.message(
         "cannot run a collective in the backward pass of a tape around "
         "strategy.run", symbol,
         "collectives inside the replicas, where every replica takes part",

@@ -7,13 +7,15 @@ number of replicas again: the loss and its gradient are 1/N of the intended
 (TensorFlow's tutorial reduces them with SUM; a MEAN belongs with
 per-replica means).
 
-Only while a sink is open (`tracing.active`) and inside
+Only while a sink is open (`events.active`) and inside
 `observe_average_losses()` (the run command's lifetime): the results of
-`compute_average_loss` are noted, weakly, where they are made; `reduce_to`
-looks for them (`check_mean`) and reports a `tracing.WarningEvent`. A SUM
-of such losses and a MEAN of anything else are not warned about. (A total
-over the replicas applied inside strategy.run, the other trap, is refused:
-`replica_collectives.check_no_total`.)
+`compute_average_loss` are noted, weakly, where they are made; each
+reduction the library reports to the event bus (`events.ReductionEvent`,
+from tfdtape's `reduce_to`) is looked at for them (`_check_mean`), and a
+MEAN of them under a tape around strategy.run reported as an
+`events.WarningEvent`. A SUM of such losses and a MEAN of anything else are
+not warned about. (A total over the replicas applied inside strategy.run,
+the other trap, is refused: `tfdtape.collectives.check_no_total`.)
 """
 
 import contextlib
@@ -25,9 +27,8 @@ from tensorflow.python.distribute import reduce_util
 from tensorflow.python.distribute import values as values_lib
 from tensorflow.python.util import nest
 
+from tfdtape import events
 from tfdtape import process_state
-from tfdtape import replica_recording
-from tfdtape import tracing
 
 MEAN_OF_AVERAGE_LOSSES = "MEAN of compute_average_loss"
 """The warning kind this module reports."""
@@ -71,15 +72,14 @@ def _parts(value):
     return parts
 
 
-def check_mean(reduce_op, value):
-    """Reports MEAN_OF_AVERAGE_LOSSES when `value`, about to be reduced with
-    MEAN under a tape recording around a strategy.run in this thread, holds
-    a result of compute_average_loss."""
-    if not (_is_mean(reduce_op) and _noted and
-            replica_recording.spanning_tapes_record_here()):
+def _check_mean(reduction):
+    """Reports MEAN_OF_AVERAGE_LOSSES when `reduction` (an
+    events.ReductionEvent) is a MEAN, under a tape recording around a
+    strategy.run, of a result of compute_average_loss."""
+    if not (_is_mean(reduction.reduce_op) and _noted and reduction.spanning):
         return
-    if any(_kind(part) == _AVERAGE_LOSS for part in _parts(value)):
-        tracing.warn(MEAN_OF_AVERAGE_LOSSES, sys._getframe(1))
+    if any(_kind(part) == _AVERAGE_LOSS for part in _parts(reduction.value)):
+        events.warn(MEAN_OF_AVERAGE_LOSSES, reduction.frame)
 
 
 def _is_mean(reduce_op):
@@ -117,14 +117,15 @@ def observe_average_losses():
     @functools.wraps(original)
     def compute_average_loss(*args, **kwargs):
         loss = original(*args, **kwargs)
-        if tracing.active and not _divides_by_local_batch(args, kwargs):
+        if events.active and not _divides_by_local_batch(args, kwargs):
             _note(loss, _AVERAGE_LOSS)
         return loss
 
     for module in holders:
         setattr(module, AVERAGE_LOSS_FUNCTION, compute_average_loss)
     try:
-        yield
+        with events.listening_for_reductions(_check_mean):
+            yield
     finally:
         for module in holders:
             if vars(module).get(AVERAGE_LOSS_FUNCTION) is compute_average_loss:

@@ -64,7 +64,7 @@ def build(snapshot, command, exit_status, installed, task,
     the recorder's `snapshot`.
 
     Args:
-        snapshot: `Recorder.snapshot()`.
+        snapshot: `EventCounts.snapshot()`.
         command: the command that ran, as a list of strings.
         exit_status: the script's exit status.
         installed: whether tfdtape was installed (else stock was observed).

@@ -1,4 +1,4 @@
-"""Running the checks of `tfdtape.checks` and reporting them.
+"""Running the checks of `tfdtape.cli.checks` and reporting them.
 
 `run_check` runs one check in every configuration and judges it; the
 writers turn results into the console report, JSON and JUnit XML.
@@ -9,8 +9,8 @@ import json
 import time
 import xml.etree.ElementTree as ElementTree
 
-from tfdtape import checks as checks_lib
 from tfdtape import testing
+from tfdtape.cli import checks as checks_lib
 
 PASS = "PASS"
 FAIL = "FAIL"

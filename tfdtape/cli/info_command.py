@@ -3,17 +3,17 @@ holds each patch target now."""
 
 import platform
 
-from tfdtape import command_line
 from tfdtape import switches
+from tfdtape.cli import command_line
 
 
 def run(args):
     """Prints the report; returns the exit status."""
     del args
     tf = command_line.import_tensorflow()
-    command_line.import_internals(tf, "defun", "patching", "targets", "testing")
+    command_line.import_internals(tf, "captured_inputs", "patching", "targets", "testing")
+    from tfdtape import captured_inputs
     from tfdtape import compat
-    from tfdtape import defun
     from tfdtape import errors
     from tfdtape import patching
     from tfdtape import release_policy
@@ -32,7 +32,7 @@ def run(args):
           f"{testing.native_resolution_description()}"
           + (" (one-shot hook, no unregister)" if compat.HAS_RESOLVER_REGISTRY
              else ""))
-    resolving = defun.classes_with_captured_input_resolution()
+    resolving = captured_inputs.classes_with_captured_input_resolution()
     print("defun captured-input resolution: " + (
         ", ".join(cls.__qualname__ for cls in resolving) if resolving
         else "absent (removed upstream, as the commit did)"))

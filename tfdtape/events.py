@@ -7,7 +7,7 @@ automatic ones (reads -> `tape.variable_accessed`), and its
 only cost on the hot path is reading the module global `active`.
 
 What receives the reports is a sink: a `tfdtape.traces.Trace` (behind
-`tfdtape.trace()`) keeps every watch event; `tfdtape.recorder.Recorder`
+`tfdtape.trace()`) keeps every watch event; `tfdtape.cli.event_counts.EventCounts`
 (behind `python -m tfdtape run`) only counts them. `open_sink` /
 `close_sink` attach and detach one. This module reports; it does not know
 whether tfdtape is installed (`tfdtape.traces` asks `tfdtape.patching`).
@@ -47,7 +47,7 @@ def _wants_untaped(sinks):
 _untaped_wanted = _wants_untaped(_open_sinks)
 
 observing_stock = process_state.kept(globals(), "observing_stock", bool)
-"""True while `tfdtape.observers.observe_stock()` reports stock TensorFlow
+"""True while `tfdtape.cli.stock_observers.observe_stock()` reports stock TensorFlow
 here (a `python -m tfdtape run --no-install` run)."""
 
 NO_INSTALL_REMEDY = (
@@ -87,9 +87,19 @@ class WatchEvent:
 class GradientEvent:
     """One `GradientTape.gradient` call, as far as the report needs it.
 
+    The library states the facts; a sink that wants to know why a gradient
+    is None asks `tfdtape.explaining.none_reasons` inside `add_gradient`,
+    while `tape` still records as it did. `tape`, `recorded` and
+    `gradients` are not for keeping beyond that call.
+
     Attributes:
-        none_reasons: (source, reason, message) for every source whose
-            gradient is None, reasons as `tfdtape.explain` gives them.
+        tape: the GradientTape.
+        recorded: its `_tape` from before the call (a non-persistent tape
+            drops it), which still knows what it watched.
+        asked: the call's flat sources.
+        gradients: the call's flat results, in the order of `asked`.
+        summing: whether distributed sources were differentiated by all
+            their components (outside replica context, tfdtape's gradient).
         totals: (source, number of components) for every source that got a
             cross-replica total derivative.
         location: "file:line" of the call in the user's code.
@@ -97,14 +107,20 @@ class GradientEvent:
         one_device: a cross-replica total derivative only one component of
             a several-component variable took part in: the step ran on one
             device (no strategy.run).
-        sources: the call's flat sources (so that a sink can name the
-            variables a Keras variable wraps by its path).
+        sources: the call's flat sources, where the sink is to name the
+            variables a Keras variable wraps by its path and note plain
+            variables among them (tfdtape's gradient; empty from the stock
+            observers).
         around_run: the tape recorded the replicas of a strategy.run it
             was recording around.
         workers: how many workers the totals were all-reduced across (1:
             within this process).
     """
-    none_reasons: tuple[tuple[object, str, str], ...]
+    tape: object
+    recorded: object
+    asked: tuple[object, ...]
+    gradients: tuple[object, ...]
+    summing: bool
     totals: tuple[tuple[object, int], ...]
     location: str
     context: str
@@ -130,14 +146,32 @@ class RefusalEvent:
 @dataclasses.dataclass(frozen=True)
 class WarningEvent:
     """Something a program does that trains silently at the wrong scale
-    (`tfdtape.scale_traps`).
+    (`tfdtape.cli.scale_traps`).
 
     Attributes:
-        kind: what it is, one of `tfdtape.scale_traps`' kinds.
+        kind: what it is, one of `tfdtape.cli.scale_traps`' kinds.
         location: "file:line" of the call in the user's code.
     """
     kind: str
     location: str
+
+
+@dataclasses.dataclass(frozen=True)
+class ReductionEvent:
+    """A `StrategyExtended.reduce_to` (what `strategy.reduce` calls), told to
+    the reduction listeners while a sink is open.
+
+    Attributes:
+        reduce_op: the reduction, as the caller gave it ("MEAN", ReduceOp.SUM).
+        value: what is reduced.
+        spanning: a tape recording around a strategy.run records here.
+        frame: the frame of tfdtape's reduce_to (not for keeping), from which
+            a warning locates the user's call.
+    """
+    reduce_op: object
+    value: object
+    spanning: bool
+    frame: object
 
 
 INCOMPLETE_NOTE = ("note: tfdtape was uninstalled while this was recording; "
@@ -170,6 +204,36 @@ def close_sink(sink):
         active = bool(_open_sinks)
 
 
+_reduction_listeners = process_state.kept(globals(), "_reduction_listeners", tuple)
+
+
+@contextlib.contextmanager
+def listening_for_reductions(listener):
+    """Inside the block, `listener(ReductionEvent)` hears of every reduction
+    made while a sink is open."""
+    global _reduction_listeners
+    with _lock:
+        _reduction_listeners += (listener,)
+    try:
+        yield
+    finally:
+        with _lock:
+            _reduction_listeners = tuple(heard for heard in _reduction_listeners
+                                         if heard is not listener)
+
+
+def reductions_heard():
+    """Whether a reduction made now would be heard (`record_reduction`)."""
+    return active and bool(_reduction_listeners)
+
+
+def record_reduction(reduce_op, value, spanning, frame):
+    """Tells every reduction listener of one reduction (`ReductionEvent`)."""
+    event = ReductionEvent(reduce_op, value, spanning, frame)
+    for listener in _reduction_listeners:
+        listener(event)
+
+
 def record(kind, variable, resolved):
     """Sends one decision to every open sink (called by tfdtape's tape
     functions); a read while no tape records is not even described unless
@@ -195,6 +259,15 @@ def record(kind, variable, resolved):
                        strategy_name, taped)
     for sink in _open_sinks:
         sink.add_event(event)
+
+
+def context_now():
+    """Where code runs now: "cross-replica", "replica" or "no strategy"."""
+    if compat.strategy_context.get_replica_context() is None:
+        return "cross-replica"
+    if compat.strategy_context.has_strategy():
+        return "replica"
+    return "no strategy"
 
 
 def _default_strategy_name():

@@ -15,10 +15,10 @@ import tensorflow as tf
 from tensorflow.python.eager import backprop
 from tensorflow.python.eager import tape as tape_module
 
-from tfdtape import defun
-from tfdtape import multi_worker_check
+from tfdtape import captured_inputs
 from tfdtape import patching
 from tfdtape import resolution
+from tfdtape.cli import multi_worker_check
 
 COEFFICIENTS = tuple(float(i + 1) for i in range(64))  # one per replica, up to 64
 
@@ -260,9 +260,10 @@ def _creator_stack(strategy):
 
 def _no_captured_input_resolution(strategy):
     del strategy
-    remaining = [cls.__qualname__
-                 for cls in defun.classes_with_captured_input_resolution()
-                 if vars(cls)[defun.RESOLVER_METHOD].__module__ != defun.__name__]
+    remaining = [
+        cls.__qualname__
+        for cls in captured_inputs.classes_with_captured_input_resolution()
+        if vars(cls)[captured_inputs.RESOLVER_METHOD].__module__ != captured_inputs.__name__]
     if remaining:
         return "per-call resolution in " + ", ".join(remaining)
     return "no per-call resolution"

@@ -26,10 +26,10 @@ import json
 import os
 import sys
 
-from tfdtape import command_line
-from tfdtape import run_recording
-from tfdtape import run_report
-from tfdtape import script_runner
+from tfdtape.cli import command_line
+from tfdtape.cli import run_report
+from tfdtape.cli import run_session
+from tfdtape.cli import script_runner
 
 
 def usage():
@@ -159,7 +159,7 @@ def run(argv):
     process = os.getpid()  # a child the script forks does not report
     if options.no_install:  # the script's `import tfdtape` installs nothing
         os.environ["TFDTAPE_AUTOINSTALL"] = "0"
-    recording = run_recording.RunRecording(observe_stock=options.no_install)
+    recording = run_session.RunRecording(observe_stock=options.no_install)
     try:
         recording.start()
         status, interrupted = script_runner.run_as_main(
