@@ -13,7 +13,7 @@ The matrix: MirroredStrategy over 2, 4 and 8 virtual CPUs x a Dense stack of
 Dense layer (Keras 3's `BatchNormalization(synchronized=True)`: every
 replica's batch statistics all-reduced in the forward pass; the spanning
 step differentiates those all-reduces over every replica,
-`tfdtape.replica_collectives`).
+`tfdtape.collectives`).
 Each sample runs in a fresh process (tracing slows with every function a
 process has traced), styles alternating; a sample times steps for about
 --seconds after a warm-up step (at least 3, at most STEPS). Reported are the

@@ -1,5 +1,5 @@
 """`ReplicaContext.all_reduce` inside the replicas of a `strategy.run` that a
-tape around it records (tfdtape.replica_collectives): the gradient over
+tape around it records (tfdtape.collectives): the gradient over
 every replica, against closed-form single-device math, eagerly and in a
 `tf.function`; synchronized BatchNormalization against one device on the
 global batch.

@@ -29,6 +29,7 @@ and operations recorded outside a replica, run as in TensorFlow.
 """
 
 import contextlib
+import functools
 import threading
 
 from tensorflow.python import pywrap_tfe
@@ -73,6 +74,7 @@ def make_record_operation(original):
     backward function running on the recorded operation's device inside
     `placing()`."""
 
+    @functools.wraps(original)
     def record_operation(op_type, output_tensors, input_tensors,
                          backward_function, *rest, **options):
         if getattr(_state, "replicas", 0):
@@ -81,7 +83,6 @@ def make_record_operation(original):
         return original(op_type, output_tensors, input_tensors,
                         backward_function, *rest, **options)
 
-    record_operation.__doc__ = original.__doc__
     return record_operation
 
 
@@ -116,6 +117,7 @@ def make_gradient_function(original):
     parameters) that, inside `placing()`, runs `original` on the forward
     operation's device."""
 
+    @functools.wraps(original)
     def _gradient_function(op_name, attr_tuple, num_inputs, inputs, outputs,
                            out_grads, skip_input_indices,
                            forward_pass_name_scope):
@@ -130,7 +132,6 @@ def make_gradient_function(original):
                             out_grads, skip_input_indices,
                             forward_pass_name_scope)
 
-    _gradient_function.__doc__ = original.__doc__
     return _gradient_function
 
 
@@ -140,6 +141,7 @@ def make_aggregate_grads(original):
     `placing()`, runs `original` on the device of the first gradient (that
     tensor's)."""
 
+    @functools.wraps(original)
     def _aggregate_grads(gradients):
         device = (_forward_device(gradients, ())
                   if getattr(_state, "depth", 0) and len(gradients) > 1 else None)
@@ -148,7 +150,6 @@ def make_aggregate_grads(original):
         with ops.device(device):
             return original(gradients)
 
-    _aggregate_grads.__doc__ = original.__doc__
     return _aggregate_grads
 
 

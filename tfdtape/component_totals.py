@@ -45,8 +45,8 @@ from tensorflow.python.ops import math_ops
 from tensorflow.python.util import nest
 
 from tfdtape import compat
+from tfdtape import graph_scopes
 from tfdtape import process_state
-from tfdtape import spanning_tapes
 
 # Kept across importlib.reload: totals handed out stay known.
 _copies = process_state.kept(globals(), "_copies", dict)
@@ -114,25 +114,16 @@ def _sums_in_place(strategy, items):
         for device in extended.worker_devices)
 
 
-_PFOR_BODY_SCOPE = "loop_body"
-"""The name scope `tf.vectorized_map` and `jacobian` trace their loop body in
-(`parallel_for.control_flow_ops._pfor_impl`), run once per iteration."""
-
-
 def _may_reduce_here(strategy):
     """Whether a reduction by `strategy` may run here: in its scope or no
     strategy's, and where nothing would differentiate it or run it more or
-    less than once (no tape that could record, no control-flow body)."""
+    less than once (no tape that could record; `graph_scopes.runs_once_here`)."""
     strategies = compat.strategy_context
     if strategies.has_strategy() and strategies.get_strategy() is not strategy:
         return False
     if not pywrap_tfe.TFE_Py_TapeSetIsEmpty():
         return False
-    if context.executing_eagerly():
-        return True
-    graph = ops.get_default_graph()
-    return not (spanning_tapes.in_control_flow_body(graph) or
-                _PFOR_BODY_SCOPE in ops.get_name_scope().split("/"))
+    return graph_scopes.runs_once_here()
 
 
 def reduce(pairs):

@@ -25,14 +25,18 @@ with the replicas' share. `note_direct_read` marks the variable on the tapes
 recording then, and `worker_totals` refuses its gradient.
 """
 
+import functools
+
 from tensorflow.python import pywrap_tfe
 from tensorflow.python.eager import tape as tape_module
 from tensorflow.python.framework import ops
 from tensorflow.python.ops import array_ops
 
 from tfdtape import compat
+from tfdtape import graph_scopes
 from tfdtape import resolution
 from tfdtape import spanning_tapes
+from tfdtape import workers
 
 READ = "tfdtape_cross_replica_read"
 """The name the recorded read carries on the tape."""
@@ -43,17 +47,12 @@ _DIRECT_READS = "_tfdtape_direct_reads"
 another route}."""
 
 
-def in_multi_worker_mode(strategy):
-    """Whether `strategy` spans several workers."""
-    check = getattr(strategy.extended, "_in_multi_worker_mode", None)
-    return check is not None and check()
-
-
 def make_get_cross_replica(original):
     """Returns a `MirroredVariable._get_cross_replica` that records the read
     apart (as described above) under a strategy of several workers while a
     tape records in this thread."""
 
+    @functools.wraps(original)
     def _get_cross_replica(self):
         tapes = _tapes_apart(self)
         if not tapes:
@@ -65,7 +64,6 @@ def make_get_cross_replica(original):
             READ, [value], anchors, lambda gradient: [gradient] * len(anchors))
         return value
 
-    _get_cross_replica.__doc__ = original.__doc__
     return _get_cross_replica
 
 
@@ -74,8 +72,8 @@ def _tapes_apart(variable):
     for: none unless it is a multi-worker variable read outside control-flow
     bodies; then those that watch what they read, or watch `variable`."""
     if (pywrap_tfe.TFE_Py_TapeSetIsEmpty() or
-            not in_multi_worker_mode(variable._distribute_strategy) or
-            spanning_tapes.in_control_flow_body(ops.get_default_graph())):
+            not workers.in_multi_worker_mode(variable._distribute_strategy) or
+            graph_scopes.in_control_flow_body(ops.get_default_graph())):
         return []
     tapes = []
     for tape in spanning_tapes.recording_tapes_here():
@@ -115,13 +113,13 @@ def note_direct_read(component):
     stopped, and is not marked)."""
     variable = resolution.container_of(component)
     if (variable is None or pywrap_tfe.TFE_Py_TapeSetIsStopped() or
-            not in_multi_worker_mode(variable._distribute_strategy)):
+            not workers.in_multi_worker_mode(variable._distribute_strategy)):
         return
     graph = ops.get_default_graph()
     if not graph._distribution_strategy_stack:
         route = ("a read outside any strategy.scope(), where the variable "
                  "stands for its first component")
-    elif spanning_tapes.in_control_flow_body(graph):
+    elif graph_scopes.in_control_flow_body(graph):
         route = "a read inside a tf.cond branch or loop body"
     else:
         route = "a read of a component itself, as v.value() makes"

@@ -47,6 +47,7 @@ from tfdtape import on_read_sources
 from tfdtape import resolution
 from tfdtape import spanning_tapes
 from tfdtape import worker_totals
+from tfdtape import workers
 
 _WATCH_SYMBOL = "tf.GradientTape.watch"
 _GRADIENT_SYMBOL = "tf.GradientTape.gradient"
@@ -232,7 +233,7 @@ def _differentiate(original_gradient, tape, target, sources, output_gradients,
                       for source in flat_sources]
     components, spans = _split_distributed_sources(flat_variables, cross_replica)
     across_workers = [variable for variable in flat_variables
-                      if _across_workers(variable)]
+                      if workers.of_several_workers(variable)]
     anchors = {}  # id(variable) -> the anchor its reads outside the replicas came through
     if across_workers:
         worker_totals.check_may_reduce(tape, across_workers)
@@ -264,7 +265,7 @@ def _differentiate(original_gradient, tape, target, sources, output_gradients,
     # where any worker's did, which its total says).
     distributed = [
         (source, stop - start, sum(g is not None for g in flat_gradients[start:stop]),
-         (total is not None if _across_workers(variable) else
+         (total is not None if workers.of_several_workers(variable) else
           any(g is not None for g in flat_gradients[
               (start if cross_replica else start + 1):stop])))
         for source, variable, (start, stop), total in zip(
@@ -279,14 +280,14 @@ def _differentiate(original_gradient, tape, target, sources, output_gradients,
     if fill_zeros:
         totals = [default_gradient.zeros_like(variable) if total is None else total
                   for variable, total in zip(flat_variables, totals)]
-    workers = max([variable.distribute_strategy.extended._num_workers
-                   for variable in across_workers], default=1)
+    worker_count = max([variable.distribute_strategy.extended._num_workers
+                        for variable in across_workers], default=1)
     if cross_replica:
         component_totals.note_over_replicas(
             total for variable, total in zip(flat_variables, totals)
             if resolution.is_distributed_variable(variable))
     return _Outcome(nest.pack_sequence_as(sources, totals), summed, one_device,
-                    summing=True, workers=workers)
+                    summing=True, workers=worker_count)
 
 
 def _replicas_if_per_replica(target):
@@ -440,13 +441,6 @@ def _split_distributed_sources(flat_sources, cross_replica):
     return components, spans
 
 
-def _across_workers(variable):
-    """Whether `variable` is a distributed variable of a strategy of several
-    workers (its gradient is all-reduced across them)."""
-    return (resolution.is_distributed_variable(variable) and
-            cross_replica_reads.in_multi_worker_mode(variable.distribute_strategy))
-
-
 def _totals(variables, gradients, cross_replica, outside):
     """Each source's gradient from its components' `gradients`: the total
     over them (through the strategy's reduction where
@@ -461,7 +455,7 @@ def _totals(variables, gradients, cross_replica, outside):
     for index, (variable, parts) in enumerate(zip(variables, gradients)):
         if not resolution.is_distributed_variable(variable):
             totals[index] = component_totals.sum_components(parts)
-        elif _across_workers(variable):
+        elif workers.of_several_workers(variable):
             strategy = variable.distribute_strategy
             across_workers.setdefault(id(strategy), (strategy, []))[1].append(index)
         elif not cross_replica and on_read_sources.is_on_read(variable):

@@ -17,6 +17,7 @@ when tfdtape installs and again when tf_keras is imported later
 (`tfdtape.late_imports`).
 """
 
+import functools
 import inspect
 import sys
 
@@ -51,11 +52,11 @@ def make_aggregate_gradients(original):
     """Returns an `Optimizer.aggregate_gradients` that, under a strategy in
     cross-replica context, returns the gradients as they are."""
 
+    @functools.wraps(original)
     def aggregate_gradients(self, grads_and_vars):
         _, replica_context = compat.strategy_context.get_strategy_and_replica_context()
         if replica_context is None and compat.strategy_context.has_strategy():
             return list(grads_and_vars)
         return original(self, grads_and_vars)
 
-    aggregate_gradients.__doc__ = original.__doc__
     return aggregate_gradients

@@ -23,13 +23,14 @@ the classes are looked up in `sys.modules` where each release defines them
 imported later (`tfdtape.late_imports`).
 """
 
+import functools
 import inspect
 import sys
 
 from tensorflow.python.framework import ops
 
+from tfdtape import apply_checks
 from tfdtape import compat
-from tfdtape import merge_calls
 
 DEFINING_MODULES = (
     "tf_keras.src.mixed_precision.loss_scale_optimizer",  # tf_keras
@@ -70,6 +71,7 @@ def make_apply_gradients(original):
     """Returns a `LossScaleOptimizerV3.apply_gradients` that, under a
     strategy in cross-replica context, applies as described above."""
 
+    @functools.wraps(original)
     def apply_gradients(self, grads_and_vars, skip_gradients_aggregation=False,
                         **kwargs):
         strategy = _cross_replica_strategy()
@@ -83,7 +85,6 @@ def make_apply_gradients(original):
         return _once_in_the_replicas(strategy, lambda: original(
             self, grads_and_vars, True, **kwargs))
 
-    apply_gradients.__doc__ = original.__doc__
     return apply_gradients
 
 
@@ -91,6 +92,7 @@ def make_legacy_apply_gradients(original):
     """Returns a legacy `LossScaleOptimizer.apply_gradients` that, under a
     strategy in cross-replica context, applies as described above."""
 
+    @functools.wraps(original)
     def apply_gradients(self, grads_and_vars, name=None,
                         experimental_aggregate_gradients=True):
         strategy = _cross_replica_strategy()
@@ -101,7 +103,6 @@ def make_legacy_apply_gradients(original):
         return _once_in_the_replicas(strategy, lambda: original(
             self, grads_and_vars, name, False))
 
-    apply_gradients.__doc__ = original.__doc__
     return apply_gradients
 
 
@@ -124,8 +125,8 @@ def _checked(strategy, grads_and_vars):
     """`grads_and_vars` as a list, after the refusals of a cross-replica
     apply."""
     grads_and_vars = list(grads_and_vars)
-    merge_calls.check_single_worker(strategy, _SYMBOL, "cannot apply gradients")
-    merge_calls.check_no_per_replica_values((grads_and_vars,), {}, _SYMBOL)
+    apply_checks.check_single_worker(strategy, _SYMBOL, "cannot apply gradients")
+    apply_checks.check_no_per_replica_values((grads_and_vars,), {}, _SYMBOL)
     return grads_and_vars
 
 

@@ -29,12 +29,12 @@ defining module has loaded. With `TF_USE_LEGACY_KERAS=1` (tf_keras instead)
 a Keras 3 imported later keeps its own refusal.
 """
 
+import functools
 import inspect
 import sys
 
+from tfdtape import apply_checks
 from tfdtape import compat
-from tfdtape import merge_calls
-from tfdtape import replica_collectives
 
 ATTRIBUTE = "_tf_apply"
 PARAMETERS = ("self", "grads", "trainable_variables")
@@ -64,6 +64,7 @@ def make_tf_apply(original):
     """Returns a `LossScaleOptimizer._tf_apply` that, under a strategy in
     cross-replica context, applies the gradients once as described above."""
 
+    @functools.wraps(original)
     def _tf_apply(self, grads, trainable_variables=None):
         strategy, replica_context = (
             compat.strategy_context.get_strategy_and_replica_context())
@@ -73,12 +74,11 @@ def make_tf_apply(original):
             if replica_context is not None:
                 # Each replica unscales its copy of a total, and the inner
                 # optimizer adds the copies up (measured: 4x on 4 replicas).
-                replica_collectives.check_no_total(
+                apply_checks.check_no_total(
                     strategy.num_replicas_in_sync, grads, _SYMBOL)
             return original(self, grads, trainable_variables)
-        merge_calls.check_single_worker(strategy, _SYMBOL, "cannot apply gradients")
-        merge_calls.check_no_per_replica_values((grads,), {}, _SYMBOL)
+        apply_checks.check_single_worker(strategy, _SYMBOL, "cannot apply gradients")
+        apply_checks.check_no_per_replica_values((grads,), {}, _SYMBOL)
         self._common_apply(grads, trainable_variables=trainable_variables)
 
-    _tf_apply.__doc__ = original.__doc__
     return _tf_apply

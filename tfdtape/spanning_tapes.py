@@ -28,6 +28,7 @@ backward pass can say where the tape belongs (`BACKWARD_NOTE`).
 """
 
 import contextlib
+import functools
 import threading
 
 from tensorflow.python import pywrap_tfe
@@ -160,13 +161,13 @@ def make_push_accumulator(original):
     among the replica's own recorders: forward-mode derivatives of a
     collective need TensorFlow's path, inside the replica."""
 
+    @functools.wraps(original)
     def _push_accumulator(self):
         original(self)
         run = getattr(_recording, "run", None)
         if run is not None:
             run.inner_tapes_here().append(self)
 
-    _push_accumulator.__doc__ = original.__doc__
     return _push_accumulator
 
 
@@ -174,11 +175,11 @@ def make_pop_accumulator(original):
     """Returns a `ForwardAccumulator._pop_accumulator` that forgets what
     `make_push_accumulator`'s version noted."""
 
+    @functools.wraps(original)
     def _pop_accumulator(self):
         original(self)
         tape_popped(self)
 
-    _pop_accumulator.__doc__ = original.__doc__
     return _pop_accumulator
 
 
@@ -230,7 +231,7 @@ def merging_for_spanned_replicas():
     a `strategy.run` that tapes around it record (and no tape opened inside
     its replicas records too; at a merge point every replica has reached the
     same point of the program): its cross-device transfers are then recorded
-    here, on those tapes (`tfdtape.recorded_transfers`)."""
+    here, on those tapes (`tfdtape.collectives`)."""
     run = getattr(_recording, "merging", None)
     return run is not None and not any(run.inner_tapes.values())
 
@@ -282,14 +283,6 @@ def recording_tapes_here():
             tape._tape is not None]
 
 
-def in_control_flow_body(graph):
-    """Whether `graph` is a control-flow body (a `tf.cond` branch, a
-    `tf.while_loop` body; v2 or v1), which TensorFlow differentiates from
-    its graph, not from what tapes record."""
-    return (isinstance(graph, control_flow_v2_func_graphs.ControlFlowFuncGraph) or
-            graph._get_control_flow_context() is not None)
-
-
 def _recording_graphs(graph):
     """`graph`, and while it is a control-flow graph the graphs around it, up
     to and including the first that is not (a `tf.function`'s, or eager)."""
@@ -304,6 +297,7 @@ def make_call_for_each_replica(original):
     """Returns a `mirrored_run._call_for_each_replica` whose replica functions
     record on the tapes recording in the calling thread."""
 
+    @functools.wraps(original)
     def _call_for_each_replica(distribution, fn, args, kwargs):
         tapes = recording_tapes_here()
         if not tapes:
@@ -315,7 +309,6 @@ def make_call_for_each_replica(original):
             return original(distribution, _recorded_by(tapes, distribution, fn, run),
                             args, kwargs)
 
-    _call_for_each_replica.__doc__ = original.__doc__
     # An error of a replica function reaches the user without this frame.
     return traceback_utils.filter_traceback(_call_for_each_replica)
 

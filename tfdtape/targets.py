@@ -34,6 +34,7 @@ from tensorflow.python.framework import ops
 
 from tfdtape import backward_placement
 from tfdtape import captured_inputs
+from tfdtape import collectives
 from tfdtape import compat
 from tfdtape import cross_replica_reads
 from tfdtape import errors
@@ -42,8 +43,6 @@ from tfdtape import keras2_aggregation
 from tfdtape import keras2_loss_scaling
 from tfdtape import keras3_loss_scaling
 from tfdtape import merge_calls
-from tfdtape import recorded_transfers
-from tfdtape import replica_collectives
 from tfdtape import spanning_tapes
 from tfdtape import tape_functions
 
@@ -308,19 +307,19 @@ def patch_targets():
                     spanning_tapes.make_pop_accumulator),
         PatchTarget(distribute_lib.ReplicaContextBase, "all_reduce",
                     ("self", "reduce_op", "value", "options"),
-                    replica_collectives.make_all_reduce),
+                    collectives.make_all_reduce),
         PatchTarget(distribute_lib.ReplicaContext, "all_gather",
                     ("self", "value", "axis", "options"),
-                    replica_collectives.make_all_gather),
+                    collectives.make_all_gather),
         PatchTarget(distribute_lib.StrategyExtendedV2, "reduce_to",
                     ("self", "reduce_op", "value", "destinations", "options"),
-                    recorded_transfers.make_reduce_to),
+                    collectives.make_reduce_to),
         PatchTarget(distribute_lib.StrategyExtendedV2, "batch_reduce_to",
                     ("self", "reduce_op", "value_destination_pairs", "options"),
-                    recorded_transfers.make_batch_reduce_to),
+                    collectives.make_batch_reduce_to),
         PatchTarget(distribute_lib.StrategyExtendedV2, "_gather_to",
                     ("self", "value", "destinations", "axis", "options"),
-                    recorded_transfers.make_gather_to),
+                    collectives.make_gather_to),
         PatchTarget(values_lib.MirroredVariable, "_get_cross_replica", ("self",),
                     cross_replica_reads.make_get_cross_replica),
     ]

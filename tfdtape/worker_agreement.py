@@ -9,9 +9,11 @@ table, so every worker takes the same decision. Equal tensors have equal
 fingerprints; tensors that differ give the same two sums only by a
 coincidence of rounding.
 
-`agreement` answers for a list of tensors; `check_apply` uses it to let an
-apply in cross-replica context through only with values the same on every
-worker (an apply updates each worker's copies with what that worker holds).
+`agreement` answers for a list of tensors; `checked` lets them through only
+once they agree. `tfdtape.apply_checks.check_apply` uses it to let an apply
+in cross-replica context through only with values the same on every worker
+(an apply updates each worker's copies with what that worker holds), and
+`tfdtape.worker_totals` to count a term outside the replicas once.
 """
 
 from tensorflow.python.distribute import values as values_lib
@@ -24,12 +26,6 @@ from tensorflow.python.ops import math_ops
 from tensorflow.python.util import nest
 
 from tfdtape import compat
-from tfdtape import component_totals
-from tfdtape import errors
-from tfdtape import events
-from tfdtape import resolution
-
-_APPLY_SYMBOL = "tf.__internal__.distribute.interim.maybe_merge_call"
 
 
 def agreement(strategy, tensors):
@@ -81,69 +77,3 @@ def checked(strategy, tensors, refusal):
     with ops.control_dependencies(asserts):
         return [nest.map_structure(array_ops.identity, tensor, expand_composites=True)
                 for tensor in tensors]
-
-
-def check_apply(strategy, args, kwargs):
-    """(args, kwargs) of a `maybe_merge_call` in cross-replica context under
-    `strategy` (several workers), with every floating tensor in them that
-    is not a total `tape.gradient` all-reduced across the workers checked
-    to be the same on every worker (`checked`).
-
-    Raises:
-        ValueError: eagerly, such a tensor differs between workers; named by
-            the variable it is paired with, where it is.
-    """
-    labelled = _floating_tensors((args, kwargs))
-    unknown = [(path, tensor, label) for path, tensor, label in labelled
-               if not component_totals.is_total(tensor)]
-    if not unknown:
-        return args, kwargs
-
-    def refusal(index):
-        label = unknown[index][2]
-        return events.refused(ValueError(errors.message(
-            "cannot apply values that differ between workers", _APPLY_SYMBOL,
-            "values the same on every worker, such as the gradient a tape "
-            "around strategy.run takes (all-reduced across the workers)",
-            f"{label} differing between workers, which would update each "
-            "worker's copies with what that worker computed alone and let the "
-            "workers drift apart",
-            "Apply the gradients tape.gradient returns (and what you compute "
-            "from them alone), or apply inside the function you pass to "
-            "strategy.run, where the optimizer all-reduces them")))
-
-    found = checked(strategy, [tensor for _, tensor, _ in unknown], refusal)
-    replaced = dict(zip([path for path, _, _ in unknown], found))
-    flat = nest.flatten_with_tuple_paths((args, kwargs))
-    return nest.pack_sequence_as((args, kwargs), [
-        replaced.get(path, value) for path, value in flat])
-
-
-def _floating_tensors(structure):
-    """(path, tensor, label) for each floating tensor or IndexedSlices in
-    `structure`: the label names the variable a (gradient, variable) pair
-    pairs it with, else its position."""
-    flat = nest.flatten_with_tuple_paths(structure)
-    by_path = dict(flat)
-    found = []
-    for path, value in flat:
-        if not _is_floating(value):
-            continue
-        partner = by_path.get(path[:-1] + (1,)) if path and path[-1] == 0 else None
-        if partner is not None and _is_variable(partner):
-            label = f"the gradient for {partner.name!r}"
-        else:
-            label = "the value at " + "".join(f"[{step!r}]" for step in path)
-        found.append((path, value, label))
-    return found
-
-
-def _is_floating(value):
-    if isinstance(value, indexed_slices.IndexedSlices):
-        return value.dtype.is_floating
-    return isinstance(value, compat.Tensor) and value.dtype.is_floating
-
-
-def _is_variable(value):
-    return (resolution.is_distributed_variable(value) or
-            hasattr(value, "assign") and hasattr(value, "name"))

@@ -58,12 +58,12 @@ from tfdtape import component_totals
 from tfdtape import cross_replica_reads
 from tfdtape import errors
 from tfdtape import events
+from tfdtape import graph_scopes
 from tfdtape import process_state
 from tfdtape import spanning_tapes
 from tfdtape import worker_agreement
 
 _SYMBOL = "tf.GradientTape.gradient"
-_PFOR_BODY_SCOPE = "loop_body"
 
 
 def check_may_reduce(tape, variables):
@@ -91,10 +91,7 @@ def check_may_reduce(tape, variables):
             "across workers (a second-order gradient)",
             "Take second-order gradients inside the function you pass to "
             "strategy.run, or with a strategy of one worker")
-    graph = ops.get_default_graph()
-    if not context.executing_eagerly() and (
-            spanning_tapes.in_control_flow_body(graph) or
-            _PFOR_BODY_SCOPE in ops.get_name_scope().split("/")):
+    if not graph_scopes.runs_once_here():
         raise _refusal(
             "cannot take a gradient across workers inside control flow",
             "tape.gradient inside a tf.cond branch, a loop body or what "

@@ -15,7 +15,7 @@ from tfdtape's `reduce_to`) is looked at for them (`_check_mean`), and a
 MEAN of them under a tape around strategy.run reported as an
 `events.WarningEvent`. A SUM of such losses and a MEAN of anything else are
 not warned about. (A total over the replicas applied inside strategy.run,
-the other trap, is refused: `tfdtape.collectives.check_no_total`.)
+the other trap, is refused: `tfdtape.apply_checks.check_no_total`.)
 """
 
 import contextlib

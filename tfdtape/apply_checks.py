@@ -1,0 +1,152 @@
+"""What an apply of gradients in cross-replica context, or an all-reduce in
+the replicas, is refused for: the checks that keep replicas and workers
+from drifting apart, or a total from being counted again.
+
+- per-replica values applied in cross-replica context: each replica's copy
+  would get its own value (`check_no_per_replica_values`);
+- gradients applied outside strategy.run where tfdtape cannot make them the
+  same on every worker (`check_single_worker`);
+- on several workers, values that are not the same on every worker
+  (`check_apply`, through `tfdtape.worker_agreement`);
+- a total over the replicas all-reduced again inside strategy.run, as an
+  optimizer applying it there does (`check_no_total`).
+"""
+
+from tensorflow.python.distribute import values
+from tensorflow.python.framework import indexed_slices
+from tensorflow.python.util import nest
+
+from tfdtape import compat
+from tfdtape import component_totals
+from tfdtape import errors
+from tfdtape import events
+from tfdtape import resolution
+from tfdtape import worker_agreement
+from tfdtape import workers
+
+MERGE_CALL_SYMBOL = "tf.__internal__.distribute.interim.maybe_merge_call"
+"""What an optimizer's apply goes through, named in the refusals."""
+
+
+def check_no_per_replica_values(args, kwargs, symbol=MERGE_CALL_SYMBOL):
+    """Raises ValueError if the arguments hold PerReplica values: applied in
+    cross-replica context, each replica's copy would get its own value, and
+    the replicas would drift apart (in replica context `merge_call` would
+    have all-reduced them)."""
+    found = [value for value in nest.flatten((args, kwargs))
+             if isinstance(value, values.PerReplica)]
+    if found:
+        raise events.refused(ValueError(errors.message(
+            "cannot apply per-replica values in cross-replica context", symbol,
+            "values the same for every replica, such as the gradient of a tape "
+            "around strategy.run, or values reduced with strategy.reduce",
+            f"{len(found)} PerReplica value{'' if len(found) == 1 else 's'} "
+            "(what strategy.run returns), which would update each replica's "
+            "copy with its own value and let the replicas drift apart",
+            "Apply inside the function you pass to strategy.run (the optimizer "
+            "all-reduces there), or reduce the values first")))
+
+
+def check_single_worker(strategy, symbol, what):
+    """Raises ValueError if `strategy` spans several workers.
+
+    Args:
+        strategy: the strategy of the cross-replica computation.
+        symbol: the API the user called, named in the message.
+        what: what cannot be done, e.g. "cannot apply gradients".
+    """
+    if not workers.in_multi_worker_mode(strategy):
+        return
+    raise events.refused(ValueError(errors.message(
+        f"{what} outside strategy.run under several workers", symbol,
+        "a call inside strategy.run, or a strategy of one worker",
+        f"a call outside strategy.run under a {type(strategy).__name__} in "
+        "multi-worker mode (MultiWorkerMirroredStrategy), where a gradient "
+        "covers this worker's replicas only and the workers would drift apart",
+        "Compute and apply the gradients inside strategy.run, where they are "
+        "all-reduced across workers")))
+
+
+def check_no_total(replicas, value, symbol):
+    """Raises ValueError where `value`, all-reduced inside the replicas of
+    a strategy of several (`replicas` in sync), holds a total over the
+    replicas (the gradient of a tape around strategy.run:
+    `component_totals.made_of_total`), as an optimizer applying it inside
+    strategy.run does: TensorFlow would add up every replica's (and every
+    worker's) copy of it."""
+    if replicas > 1 and component_totals.made_of_total(value):
+        raise events.refused(ValueError(errors.message(
+            "cannot all-reduce a total over the replicas again", symbol,
+            "values computed inside the replicas",
+            "the gradient of a tape around strategy.run (already the sum "
+            "over every replica and worker), or what was computed from it, "
+            "all-reduced inside strategy.run, as an optimizer applying it "
+            "there does; every replica's copy would be added up",
+            "Apply that gradient in cross-replica context: call "
+            "optimizer.apply_gradients outside strategy.run")))
+
+
+def check_apply(strategy, args, kwargs):
+    """(args, kwargs) of a `maybe_merge_call` in cross-replica context under
+    `strategy` (several workers), with every floating tensor in them that
+    is not a total `tape.gradient` all-reduced across the workers checked
+    to be the same on every worker (`checked`).
+
+    Raises:
+        ValueError: eagerly, such a tensor differs between workers; named by
+            the variable it is paired with, where it is.
+    """
+    labelled = _floating_tensors((args, kwargs))
+    unknown = [(path, tensor, label) for path, tensor, label in labelled
+               if not component_totals.is_total(tensor)]
+    if not unknown:
+        return args, kwargs
+
+    def refusal(index):
+        label = unknown[index][2]
+        return events.refused(ValueError(errors.message(
+            "cannot apply values that differ between workers", MERGE_CALL_SYMBOL,
+            "values the same on every worker, such as the gradient a tape "
+            "around strategy.run takes (all-reduced across the workers)",
+            f"{label} differing between workers, which would update each "
+            "worker's copies with what that worker computed alone and let the "
+            "workers drift apart",
+            "Apply the gradients tape.gradient returns (and what you compute "
+            "from them alone), or apply inside the function you pass to "
+            "strategy.run, where the optimizer all-reduces them")))
+
+    found = worker_agreement.checked(strategy, [tensor for _, tensor, _ in unknown], refusal)
+    replaced = dict(zip([path for path, _, _ in unknown], found))
+    flat = nest.flatten_with_tuple_paths((args, kwargs))
+    return nest.pack_sequence_as((args, kwargs), [
+        replaced.get(path, value) for path, value in flat])
+
+
+def _floating_tensors(structure):
+    """(path, tensor, label) for each floating tensor or IndexedSlices in
+    `structure`: the label names the variable a (gradient, variable) pair
+    pairs it with, else its position."""
+    flat = nest.flatten_with_tuple_paths(structure)
+    by_path = dict(flat)
+    found = []
+    for path, value in flat:
+        if not _is_floating(value):
+            continue
+        partner = by_path.get(path[:-1] + (1,)) if path and path[-1] == 0 else None
+        if partner is not None and _is_variable(partner):
+            label = f"the gradient for {partner.name!r}"
+        else:
+            label = "the value at " + "".join(f"[{step!r}]" for step in path)
+        found.append((path, value, label))
+    return found
+
+
+def _is_floating(value):
+    if isinstance(value, indexed_slices.IndexedSlices):
+        return value.dtype.is_floating
+    return isinstance(value, compat.Tensor) and value.dtype.is_floating
+
+
+def _is_variable(value):
+    return (resolution.is_distributed_variable(value) or
+            hasattr(value, "assign") and hasattr(value, "name"))
