@@ -207,12 +207,13 @@ def _plan():
     if held and not waiting:
         return held, []
     _check_tensorflow()
-    foreign = [target for target, holder in survey if holder == targets.FOREIGN]
+    foreign = [target for target, holder in survey
+               if holder in (targets.FOREIGN, targets.SCOPED)]
     if foreign and not held:
         what, found, remedy = (
             ("TensorFlow's functions are observed as stock",
              "tfdtape's stock observers", events.NO_INSTALL_REMEDY)
-            if events.observing_stock else
+            if any(holder == targets.SCOPED for _, holder in survey) else
             ("another patch holds a function tfdtape replaces",
              ", ".join(targets.describe(target.current()) for target in foreign),
              "tfdtape cannot tell what that patch does with the variable, and "
@@ -238,12 +239,19 @@ def _check_tensorflow():
 
 
 def _uninstall_locked():
-    """uninstall() with the lock held, open blocks not considered."""
+    """uninstall() with the lock held, open blocks not considered: tfdtape's
+    replacements, and what open `targets.scoped()` blocks hold, restored."""
     survey = [(target, target.holder(), target.current())
               for target in targets.patch_targets()]
     ours = [(target, current) for target, holder, current in survey
             if holder == targets.TFDTAPE]
+    scoped = [(target, target.current()) for target in targets.open_scoped_targets()
+              if target.holder() == targets.SCOPED]
     if not ours:
+        for target, current in reversed(scoped):
+            target.put(targets.original_of(current))
+        if scoped:
+            events.note_uninstalled()
         return False
     foreign = [(target, current) for target, holder, current in survey
                if holder == targets.FOREIGN]
@@ -255,7 +263,7 @@ def _uninstall_locked():
             ", ".join(targets.describe(current) for _, current in foreign),
             "Remove the other patch first (restore tfdtape's function), "
             "then call tfdtape.uninstall() again"))
-    for target, current in reversed(ours):
+    for target, current in reversed(ours + scoped):
         target.put(targets.original_of(current))
     frame_filters.show()
     events.note_uninstalled()

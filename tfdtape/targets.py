@@ -1,13 +1,18 @@
 """The one table of what tfdtape patches in TensorFlow, and what it relies on.
 
 `install()` and `uninstall()` both walk `patch_targets()`, and `info` reports
-from it, so the three cannot drift apart.
+from it, so the three cannot drift apart. A patch for the length of a block
+(the observers of `python -m tfdtape run`) goes through the same
+`PatchTarget`s, with `scoped()`: `uninstall()` restores what such a block
+holds too, and `info` lists the command line's scoped tables.
 
 Each target says who holds it now (`PatchTarget.holder()`):
 - TFDTAPE: one of tfdtape's replacements. Each is a function made for one
   install that carries the function it replaced (`original_of`), so
   TensorFlow's originals live in TensorFlow's own attributes, where neither a
   reload of a tfdtape module nor a fresh import of tfdtape can drop them.
+- SCOPED: a replacement a `scoped()` block put there, carrying its original
+  the same way; it does not count as tfdtape installed.
 - TENSORFLOW: TensorFlow's own function, judged by the namespace its code runs
   in (`__globals__`), which `functools.wraps` does not copy, not by its
   `__module__` or name, which it does.
@@ -15,6 +20,7 @@ Each target says who holds it now (`PatchTarget.holder()`):
 - MISSING: the attribute is absent.
 """
 
+import contextlib
 import dataclasses
 import inspect
 import sys
@@ -43,17 +49,20 @@ from tfdtape import keras2_aggregation
 from tfdtape import keras2_loss_scaling
 from tfdtape import keras3_loss_scaling
 from tfdtape import merge_calls
+from tfdtape import process_state
 from tfdtape import spanning_tapes
 from tfdtape import tape_functions
 
 _MISSING = object()
 
 TFDTAPE = "tfdtape"
+SCOPED = "tfdtape-scoped"
 TENSORFLOW = "tensorflow"
 FOREIGN = "foreign"
 MISSING = "missing"
 
-_MARK = "__tfdtape_patch__"  # On a replacement: (the replacement, its original).
+_MARK = "__tfdtape_patch__"
+"""On a replacement: (the replacement, its original, whether it is scoped)."""
 
 STAND_IN_MODULES = ("tfdtape.testing",)
 """Modules whose functions count as TensorFlow's own for every target.
@@ -108,7 +117,7 @@ class PatchTarget:
         if value is _MISSING:
             return MISSING
         if original_of(value) is not None:
-            return TFDTAPE
+            return SCOPED if vars(value)[_MARK][2] else TFDTAPE
         if self._is_tensorflows(value):
             return TENSORFLOW
         return FOREIGN
@@ -135,9 +144,10 @@ class PatchTarget:
         if self.registers is not None:
             self.registers(function)
 
-    def replacement(self, original):
-        """tfdtape's replacement for `original`, made for this install."""
-        return _marked_copy(self.make_replacement(original), original)
+    def replacement(self, original, scoped=False):
+        """tfdtape's replacement for `original`, made for this install (or,
+        `scoped`, for one `scoped()` block)."""
+        return _marked_copy(self.make_replacement(original), original, scoped)
 
     def check(self):
         """Returns the original, or None for a missing optional attribute.
@@ -179,9 +189,10 @@ def original_of(value):
     return mark[1]
 
 
-def _marked_copy(function, original):
+def _marked_copy(function, original, scoped):
     """A copy of `function` (same code, globals, closure and attributes: no
-    extra call layer) that carries `original` as the function it replaces."""
+    extra call layer) that carries `original` as the function it replaces,
+    and whether it is scoped."""
     copy = types.FunctionType(function.__code__, function.__globals__,
                               function.__name__, function.__defaults__,
                               function.__closure__)
@@ -191,8 +202,50 @@ def _marked_copy(function, original):
     copy.__doc__ = function.__doc__
     copy.__annotations__ = dict(function.__annotations__)
     copy.__dict__.update(function.__dict__)
-    copy.__dict__[_MARK] = (copy, original)
+    copy.__dict__[_MARK] = (copy, original, scoped)
     return copy
+
+
+_open_scoped = process_state.kept(globals(), "_open_scoped", list)
+"""The targets `scoped()` blocks hold now, in the order they were put."""
+
+
+def open_scoped_targets():
+    """The targets that open `scoped()` blocks hold now."""
+    return list(_open_scoped)
+
+
+@contextlib.contextmanager
+def scoped(table):
+    """Inside the block each target of `table` holds its scoped replacement,
+    made from what it holds on entry (an optional target that is missing is
+    skipped); on exit what it held is put back, where the attribute still
+    holds the scoped replacement (`uninstall()` may have put it back first).
+
+    Raises:
+        UnsupportedTensorFlowError: on entry, as `PatchTarget.check`; nothing
+            is replaced then.
+    """
+    checked = [(target, target.check()) for target in table]
+    made = {}  # id(original) -> its replacement: modules holding one function
+    done = []  # (API aliases) hold one replacement
+    try:
+        for target, original in checked:
+            if original is None:
+                continue
+            replacement = made.get(id(original))
+            if replacement is None:
+                replacement = made[id(original)] = target.replacement(
+                    original, scoped=True)
+            target.put(replacement)
+            done.append((target, original, replacement))
+            _open_scoped.append(target)
+        yield
+    finally:
+        for target, original, replacement in reversed(done):
+            if target.current() is replacement:
+                target.put(original)
+            _open_scoped.remove(target)
 
 
 def describe(value):

@@ -48,6 +48,14 @@ def run(args):
     print("patch targets (who holds each now, judged by identity):")
     for target in targets.patch_targets():
         print(f"  {target.symbol}: {_holder_text(target, targets)}")
+    from tfdtape.cli import scale_traps
+    from tfdtape.cli import stock_observers
+    print("scoped patch targets (held while `python -m tfdtape run` runs; "
+          "--no-install: the observers):")
+    for target in (stock_observers.observer_targets() +
+                   scale_traps.average_loss_targets()):
+        if target.holder() != targets.MISSING:
+            print(f"  {target.symbol}: {_holder_text(target, targets)}")
     return command_line.EXIT_PASSED
 
 
@@ -63,6 +71,8 @@ def _holder_text(target, targets):
     holder = target.holder()
     if holder == targets.TFDTAPE:
         return "tfdtape's replacement"
+    if holder == targets.SCOPED:
+        return "tfdtape's scoped replacement (python -m tfdtape run)"
     if holder == targets.TENSORFLOW:
         owner = getattr(target.owner, "__module__", None) or target.owner.__name__
         return ("TensorFlow's original" if owner.partition(".")[0] == "tensorflow"

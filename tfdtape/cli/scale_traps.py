@@ -29,6 +29,7 @@ from tensorflow.python.util import nest
 
 from tfdtape import events
 from tfdtape import process_state
+from tfdtape import targets
 
 MEAN_OF_AVERAGE_LOSSES = "MEAN of compute_average_loss"
 """The warning kind this module reports."""
@@ -44,6 +45,7 @@ AVERAGE_LOSS_FUNCTION = "compute_average_loss"
 _AVERAGE_LOSS_MODULES = ("tensorflow.python.ops.nn_impl_distribute",  # 2.13+
                          "tensorflow.python.ops.nn_impl")              # 2.12
 """Where TensorFlow defines `tf.nn.compute_average_loss`."""
+_PARAMETERS = ("per_example_loss", "sample_weight", "global_batch_size")
 
 
 def _note(structure, kind):
@@ -99,20 +101,8 @@ def _divides_by_local_batch(args, kwargs):
     return isinstance(given, int) and local is not None and given == local
 
 
-@contextlib.contextmanager
-def observe_average_losses():
-    """Inside the block, `tf.nn.compute_average_loss` (in every loaded module
-    that holds it) notes its results while a sink is open."""
-    defined = [vars(module)[AVERAGE_LOSS_FUNCTION]
-               for module in map(sys.modules.get, _AVERAGE_LOSS_MODULES)
-               if module is not None and AVERAGE_LOSS_FUNCTION in vars(module)]
-    if not defined:  # Another TensorFlow: nothing to observe.
-        yield
-        return
-    original = defined[0]
-    holders = [module for module in list(sys.modules.values())
-               if type(getattr(module, "__dict__", None)) is dict and
-               module.__dict__.get(AVERAGE_LOSS_FUNCTION) is original]
+def _observe_average_loss(original):
+    """`compute_average_loss` noting its results while a sink is open."""
 
     @functools.wraps(original)
     def compute_average_loss(*args, **kwargs):
@@ -121,12 +111,35 @@ def observe_average_losses():
             _note(loss, _AVERAGE_LOSS)
         return loss
 
-    for module in holders:
-        setattr(module, AVERAGE_LOSS_FUNCTION, compute_average_loss)
-    try:
-        with events.listening_for_reductions(_check_mean):
-            yield
-    finally:
-        for module in holders:
-            if vars(module).get(AVERAGE_LOSS_FUNCTION) is compute_average_loss:
-                setattr(module, AVERAGE_LOSS_FUNCTION, original)
+    return compute_average_loss
+
+
+def average_loss_targets():
+    """A target for every loaded module that holds TensorFlow's
+    `tf.nn.compute_average_loss` (its API modules hold the same function);
+    none in a TensorFlow that defines it elsewhere."""
+    defined = [vars(module)[AVERAGE_LOSS_FUNCTION]
+               for module in map(sys.modules.get, _AVERAGE_LOSS_MODULES)
+               if module is not None and AVERAGE_LOSS_FUNCTION in vars(module)]
+    if not defined:
+        return []
+    original = defined[0]
+    # TensorFlow's function is a dispatch wrapper: its code runs there.
+    runs_in = sys.modules.get(original.__globals__.get("__name__"))
+    holders = [module for module in list(sys.modules.values())
+               if type(getattr(module, "__dict__", None)) is dict and
+               module.__dict__.get(AVERAGE_LOSS_FUNCTION) is original]
+    return [targets.PatchTarget(module, AVERAGE_LOSS_FUNCTION, _PARAMETERS,
+                                _observe_average_loss, defined_in=runs_in)
+            for module in holders]
+
+
+@contextlib.contextmanager
+def observe_average_losses():
+    """Inside the block, `tf.nn.compute_average_loss` (in every loaded module
+    that holds it) notes its results while a sink is open, and reductions
+    are checked for them (through `targets.scoped`: `info` names the
+    targets, `uninstall()` restores them)."""
+    with targets.scoped(average_loss_targets()), \
+            events.listening_for_reductions(_check_mean):
+        yield

@@ -6,7 +6,7 @@
 report what they did to `tfdtape.events`, so a recorder sees what stock
 TensorFlow watches — for comparison with a run where tfdtape is installed.
 The observers are for a process that ends with the run: they are put in
-place once and taken out when the block exits.
+place once, as a `targets.scoped()` block, and taken out when it exits.
 """
 
 import contextlib
@@ -20,6 +20,7 @@ from tensorflow.python.util import nest
 from tfdtape import call_sites
 from tfdtape import compat
 from tfdtape import events
+from tfdtape import targets
 
 
 def stock_resolution(variable):
@@ -78,26 +79,29 @@ def _observe_gradient(original):
     return gradient
 
 
-_OBSERVED = (
-    (tape_module, "watch_variable", _observe_watch_variable),
-    (tape_module, "variable_accessed", _observe_variable_accessed),
-    (tape_module, "variables_accessed", _observe_variables_accessed),
-    (backprop.GradientTape, "gradient", _observe_gradient),
-)
+def observer_targets():
+    """The targets `observe_stock()` holds: TensorFlow's tape functions and
+    `GradientTape.gradient`, each with its observer."""
+    return [
+        targets.PatchTarget(tape_module, "watch_variable", ("tape", "variable"),
+                            _observe_watch_variable),
+        targets.PatchTarget(tape_module, "variable_accessed", ("variable",),
+                            _observe_variable_accessed),
+        targets.PatchTarget(tape_module, "variables_accessed", ("variables",),
+                            _observe_variables_accessed, required=False),
+        targets.PatchTarget(backprop.GradientTape, "gradient",
+                            ("self", "target", "sources", "output_gradients",
+                             "unconnected_gradients"), _observe_gradient),
+    ]
 
 
 @contextlib.contextmanager
 def observe_stock():
-    """Observes TensorFlow's own tape functions inside the block."""
-    originals = [(owner, name, vars(owner)[name])
-                 for owner, name, _ in _OBSERVED if name in vars(owner)]
-    makers = {name: make for _, name, make in _OBSERVED}
-    for owner, name, original in originals:
-        setattr(owner, name, makers[name](original))
-    events.observing_stock = True
-    try:
-        yield
-    finally:
-        events.observing_stock = False
-        for owner, name, original in originals:
-            setattr(owner, name, original)
+    """Observes TensorFlow's own tape functions inside the block (through
+    `targets.scoped`: `info` names them, `uninstall()` restores them)."""
+    with targets.scoped(observer_targets()):
+        events.observing_stock = True
+        try:
+            yield
+        finally:
+            events.observing_stock = False
