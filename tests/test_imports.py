@@ -1,9 +1,12 @@
 """`import tfdtape` where TensorFlow or absl-py is missing: one clear error
-naming the missing module and the install command."""
+naming the missing module and the install command. And the imports between
+tfdtape's modules: no cycle, none against CONTRIBUTING.md's floor plan, none
+from the library into the command line."""
 
 import ast
 import os
 import pathlib
+import re
 import subprocess
 import sys
 
@@ -77,15 +80,15 @@ def test_install_by_hand_without_absl_names_the_install_command():
 
 def module_names():
     """Every module of the package by its name below `tfdtape.`, such as
-    "events" or "cli.run_report" (a package by its own name: "cli")."""
+    "events" or "cli.run_report" (a package by its own name, "cli"; the
+    package's own `__init__.py` as "__init__")."""
     package = REPOSITORY / "tfdtape"
     names = {}
     for path in sorted(package.rglob("*.py")):
         parts = path.relative_to(package).with_suffix("").parts
-        if parts[-1] == "__init__":
+        if parts[-1] == "__init__" and len(parts) > 1:
             parts = parts[:-1]
-        if parts:
-            names[".".join(parts)] = path
+        names[".".join(parts)] = path
     return names
 
 
@@ -148,3 +151,59 @@ def test_the_library_never_imports_the_command_line():
                          if imported.startswith("cli"))
             for name in library} == {name: [] for name in library}
     assert graph["__main__"] == {"cli.main"}
+
+
+def floor_plan():
+    """{group: (its modules, the groups it may import)} as CONTRIBUTING.md's
+    floor-plan table gives them ("cli.*" stands for every module of cli)."""
+    text = (REPOSITORY / "CONTRIBUTING.md").read_text(encoding="utf-8")
+    table = text.split("## The floor plan", 1)[1].split("\n\n")
+    rows = [line for block in table if block.lstrip().startswith("| group")
+            for line in block.strip().splitlines()[2:]]
+    plan = {}
+    for row in rows:
+        group, modules, _, may_import = [cell.strip() for cell in row.strip("|").split("|")]
+        names = set(re.findall(r"`([^`]+)`", modules))
+        allowed = (set() if may_import == "—" else
+                   {"*"} if may_import == "every group" else
+                   {name.strip() for name in may_import.split(",")})
+        plan[group] = (names, allowed)
+    return plan
+
+
+def group_of(module, plan):
+    found = [group for group, (names, _) in plan.items()
+             if module in names or ("cli.*" in names and module.startswith("cli."))]
+    assert len(found) == 1, f"{module} is in {found or 'no group'} of the floor plan"
+    return found[0]
+
+
+def test_every_module_is_in_one_group_of_the_floor_plan():
+    plan = floor_plan()
+    assert list(plan) == ["base", "recording", "totals", "keras", "install",
+                          "diagnostics", "cli"]
+    modules = module_names()
+    for module in modules:
+        group_of(module, plan)
+    listed = set().union(*(names for names, _ in plan.values())) - {"cli.*"}
+    assert listed <= set(modules), listed - set(modules)
+
+
+def test_every_import_follows_the_floor_plan():
+    plan = floor_plan()
+    against = []
+    for module, imported in sorted(imports_between_modules().items()):
+        group = group_of(module, plan)
+        allowed = plan[group][1]
+        for other in sorted(imported):
+            other_group = group_of(other, plan)
+            if other_group != group and "*" not in allowed and other_group not in allowed:
+                against.append(f"{module} ({group}) imports {other} ({other_group})")
+    assert against == []
+
+
+def test_the_floor_plan_check_sees_an_import_up_the_layers():
+    plan = floor_plan()
+    assert group_of("tape_functions", plan) == "recording"
+    assert "diagnostics" not in plan[group_of("gradient_tape", plan)][1]
+    assert group_of("explaining", plan) == "diagnostics"

@@ -12,6 +12,8 @@ from drifting apart, or a total from being counted again.
   optimizer applying it there does (`check_no_total`).
 """
 
+import typing
+
 from tensorflow.python.distribute import values
 from tensorflow.python.framework import indexed_slices
 from tensorflow.python.util import nest
@@ -96,14 +98,13 @@ def check_apply(strategy, args, kwargs):
         ValueError: eagerly, such a tensor differs between workers; named by
             the variable it is paired with, where it is.
     """
-    labelled = _floating_tensors((args, kwargs))
-    unknown = [(path, tensor, label) for path, tensor, label in labelled
-               if not component_totals.is_total(tensor)]
+    unknown = [found for found in _floating_tensors((args, kwargs))
+               if not component_totals.is_total(found.tensor)]
     if not unknown:
         return args, kwargs
 
     def refusal(index):
-        label = unknown[index][2]
+        label = unknown[index].label
         return events.refused(ValueError(errors.message(
             "cannot apply values that differ between workers", MERGE_CALL_SYMBOL,
             "values the same on every worker, such as the gradient a tape "
@@ -115,15 +116,25 @@ def check_apply(strategy, args, kwargs):
             "from them alone), or apply inside the function you pass to "
             "strategy.run, where the optimizer all-reduces them")))
 
-    found = worker_agreement.checked(strategy, [tensor for _, tensor, _ in unknown], refusal)
-    replaced = dict(zip([path for path, _, _ in unknown], found))
+    agreed = worker_agreement.checked(strategy, [found.tensor for found in unknown],
+                                      refusal)
+    replaced = dict(zip([found.path for found in unknown], agreed))
     flat = nest.flatten_with_tuple_paths((args, kwargs))
     return nest.pack_sequence_as((args, kwargs), [
         replaced.get(path, value) for path, value in flat])
 
 
+class _Labelled(typing.NamedTuple):
+    """A floating tensor in an apply's arguments: where it is (a
+    `nest.flatten_with_tuple_paths` path), itself, and how a message names
+    it."""
+    path: tuple
+    tensor: object
+    label: str
+
+
 def _floating_tensors(structure):
-    """(path, tensor, label) for each floating tensor or IndexedSlices in
+    """A `_Labelled` for each floating tensor or IndexedSlices in
     `structure`: the label names the variable a (gradient, variable) pair
     pairs it with, else its position."""
     flat = nest.flatten_with_tuple_paths(structure)
@@ -137,7 +148,7 @@ def _floating_tensors(structure):
             label = f"the gradient for {partner.name!r}"
         else:
             label = "the value at " + "".join(f"[{step!r}]" for step in path)
-        found.append((path, value, label))
+        found.append(_Labelled(path, value, label))
     return found
 
 

@@ -29,6 +29,7 @@ strategy's reduction may have no gradient and its collectives must run
 once per step on every device.
 """
 
+import typing
 import weakref
 
 from tensorflow.python import pywrap_tfe
@@ -82,10 +83,18 @@ def reducible(variable, gradients):
                 for g in gradients))
 
 
-def _sums_in_place(strategy, items):
-    """Whether summing the totals of `items` ((index, variable, gradients)
-    each) here, and copying them to each device at the apply, costs no more
-    than `strategy`'s own reduction would.
+class _Pending(typing.NamedTuple):
+    """A total `reduce` is to give: where it goes in the result, the
+    variable, and its components' gradients."""
+    index: int
+    variable: object
+    gradients: list
+
+
+def _sums_in_place(strategy, pending):
+    """Whether summing the totals `pending` (`_Pending`s) here, and copying
+    them to each device at the apply, costs no more than `strategy`'s own
+    reduction would.
 
     - Where the strategy would reduce on its first device by `add_n` and
       copy out (`ReductionToOneDevice`, MirroredStrategy's default for CPUs
@@ -93,15 +102,13 @@ def _sums_in_place(strategy, items):
     - Where every device is a CPU of this host and the strategy all-reduces
       with the collectives it picked by default: host memory has no links
       to spread traffic over, and collectives cost a launch per tensor
-      (eagerly through a thread pool). Measured with
-      benchmarks/spanning_step.py on 2 cores: in place 0.78-0.94x the
-      tutorial step at 258 variables on 2, 4 and 8 devices in a
-      `tf.function`, all-reduced 0.99-1.02x (docs/benchmarks.md).
+      (eagerly through a thread pool): measured faster in place at every
+      model size benchmarks/spanning_step.py tries (docs/benchmarks.md).
 
     A reduction the program chose, and every GPU, stays the strategy's.
     """
     extended = strategy.extended
-    gradients = items[0][2]
+    gradients = pending[0].gradients
     try:
         chosen = extended._get_cross_device_ops(values_lib.PerReplica(tuple(gradients)))
         default = extended._cross_device_ops is getattr(extended, "_collective_ops", None)
@@ -136,18 +143,18 @@ def reduce(pairs):
     for index, (variable, gradients) in enumerate(pairs):
         strategy = variable.distribute_strategy
         by_strategy.setdefault(id(strategy), (strategy, []))[1].append(
-            (index, variable, gradients))
+            _Pending(index, variable, gradients))
     totals = [None] * len(pairs)
-    for strategy, items in by_strategy.values():
-        if not _may_reduce_here(strategy) or _sums_in_place(strategy, items):
-            for index, _, gradients in items:
+    for strategy, pending in by_strategy.values():
+        if not _may_reduce_here(strategy) or _sums_in_place(strategy, pending):
+            for index, _, gradients in pending:
                 totals[index] = sum_components(gradients)
             continue
         mirrored = strategy.extended.batch_reduce_to(
             reduce_util.ReduceOp.SUM,
             [(values_lib.PerReplica(tuple(gradients)), variable)
-             for _, variable, gradients in items])
-        for (index, _, _), value in zip(items, mirrored):
+             for _, variable, gradients in pending])
+        for (index, _, _), value in zip(pending, mirrored):
             totals[index] = here(value)
     return totals
 

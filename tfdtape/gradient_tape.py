@@ -470,7 +470,8 @@ def _totals(variables, gradients, cross_replica, outside):
         totals[index] = total
     for strategy, indices in across_workers.values():
         reduced = worker_totals.reduce(strategy, [
-            (variables[index], gradients[index], outside.get(id(variables[index])))
+            worker_totals.Source(variables[index], tuple(gradients[index]),
+                                 outside.get(id(variables[index])))
             for index in indices])
         for index, total in zip(indices, reduced):
             totals[index] = total

@@ -39,6 +39,8 @@ source also read by a route that cannot be told apart from its replicas'
 reads (`cross_replica_reads.direct_read`).
 """
 
+import dataclasses
+import typing
 import weakref
 
 import numpy as np
@@ -108,34 +110,50 @@ def _refusal(what, found, remedy):
         found, remedy)))
 
 
-def reduce(strategy, items):
-    """The totals of `items` across the workers of `strategy`; None for a
-    source that took part on no worker.
+@dataclasses.dataclass(frozen=True)
+class Source:
+    """One source of a `tape.gradient` call, as this worker holds it.
 
-    Args:
-        strategy: a strategy of several workers.
-        items: (variable, its local components' gradients, what the reads
-            outside the replicas contributed or None) for each source, in
-            the order given.
+    Attributes:
+        variable: the distributed variable (of a strategy of several workers).
+        parts: its local components' gradients (None where one took no part).
+        outside: what the reads outside the replicas contributed, or None.
     """
+    variable: object
+    parts: tuple
+    outside: object = None
+
+
+class _Counts(typing.NamedTuple):
+    """What took part in a source's gradient on a worker (summed over the
+    workers once all-reduced): replicas with a dense gradient, replicas with
+    a sparse one, and whether a term outside the replicas did (0 or 1)."""
+    dense: float
+    sparse: float
+    outside: float
+
+
+def reduce(strategy, sources):
+    """The totals of `sources` (`Source`s, in the order given) across the
+    workers of `strategy`, a strategy of several workers; None for a source
+    that took part on no worker."""
     with strategy.scope():  # Also where the gradient is taken with no scope.
-        return _reduce(strategy, items)
+        return _reduce(strategy, list(sources))
 
 
-def _reduce(strategy, items):
+def _reduce(strategy, sources):
     if context.executing_eagerly():
-        return _reduce_eagerly(strategy, items)
-    plans = [_form(_counts(parts, outside)) for _, parts, outside in items]
-    items = _outside_terms_checked(strategy, items, plans)
-    reduced = _all_reduce(strategy, [
-        _share(strategy, variable, parts, outside, plan)
-        for (variable, parts, outside), plan in zip(items, plans) if plan is not None],
-        [variable for (variable, _, _), plan in zip(items, plans) if plan is not None])
+        return _reduce_eagerly(strategy, sources)
+    plans = [_form(_counts(source)) for source in sources]
+    sources = _outside_terms_checked(strategy, sources, plans)
+    planned = [(source, plan) for source, plan in zip(sources, plans) if plan is not None]
+    reduced = _all_reduce(strategy, [_share(strategy, source, plan) for source, plan in planned],
+                          [source.variable for source, _ in planned])
     return [None if plan is None else component_totals.here(next(reduced))
             for plan in plans]
 
 
-def _reduce_eagerly(strategy, items):
+def _reduce_eagerly(strategy, sources):
     """Eagerly, what took part on each worker (`_counts`) is summed over
     the workers with the gradients, packed with them (`_packed`), and
     each source is reduced in the form those counts call for (`_form`):
@@ -143,34 +161,34 @@ def _reduce_eagerly(strategy, items):
     where that is not the one called for now, reduced again in that one
     (the first time, the counts go first, alone)."""
     workers = strategy.extended._num_workers
-    counts = np.array([_counts(parts, outside) for _, parts, outside in items],
-                      np.float32).reshape(-1, 3)
-    remembered = [_learned.get(id(variable), (None, None))[1] for variable, _, _ in items]
+    counts = np.array([_counts(source) for source in sources],
+                      np.float32).reshape(-1, len(_Counts._fields))
+    remembered = [_learned.get(id(source.variable), (None, None))[1] for source in sources]
     if None in remembered:
-        _, total = _packed(strategy, items, [None] * len(items), counts)
-        forms = [_form(row) for row in total]
-        reduced, _ = _packed(strategy, items, forms)
+        _, summed = _packed(strategy, sources, [None] * len(sources), counts)
+        forms = [_form(_Counts(*row)) for row in summed]
+        reduced, _ = _packed(strategy, sources, forms)
     else:
-        reduced, total = _packed(strategy, items, remembered, counts)
-        forms = [_form(row) for row in total]
+        reduced, summed = _packed(strategy, sources, remembered, counts)
+        forms = [_form(_Counts(*row)) for row in summed]
         again = [form if form not in (None, given) else None
                  for form, given in zip(forms, remembered)]
         if any(again):
-            for index, value in enumerate(_packed(strategy, items, again)[0]):
+            for index, value in enumerate(_packed(strategy, sources, again)[0]):
                 if again[index] is not None:
                     reduced[index] = value
     totals = []
-    for (variable, _, _), (_, _, terms), form, value in zip(items, total, forms, reduced):
-        if 0 < terms < workers:
-            raise _differs(variable)
-        _learn(variable, form or "dense")
+    for source, row, form, value in zip(sources, summed, forms, reduced):
+        if 0 < _Counts(*row).outside < workers:
+            raise _differs(source.variable)
+        _learn(source.variable, form or "dense")
         totals.append(None if form is None else component_totals.here(value))
-    checked = [index for index, ((_, _, outside), total) in enumerate(zip(items, totals))
-               if outside is not None and total is not None]
+    checked = [source for source, total in zip(sources, totals)
+               if source.outside is not None and total is not None]
     if checked:
         worker_agreement.checked(
-            strategy, [items[index][2] for index in checked],
-            lambda position: _differs(items[checked[position]][0]))
+            strategy, [source.outside for source in checked],
+            lambda position: _differs(checked[position].variable))
     return totals
 
 
@@ -180,14 +198,13 @@ def _form(counts):
     None where nothing took part, "sparse" where only IndexedSlices did
     (rows concatenated), else "dense". Some workers' term outside the
     replicas but not all's is refused after the reduction."""
-    dense, sparse, outside = counts
-    if dense + sparse + outside == 0:
+    if counts.dense + counts.sparse + counts.outside == 0:
         return None
-    return "sparse" if dense == 0 and outside == 0 else "dense"
+    return "sparse" if counts.dense == 0 and counts.outside == 0 else "dense"
 
 
-def _packed(strategy, items, forms, counts=None):
-    """Eagerly: ([total or None] of `items`, each reduced in its form (None:
+def _packed(strategy, sources, forms, counts=None):
+    """Eagerly: ([total or None] of `sources`, each reduced in its form (None:
     not reduced), and `counts` summed over the workers, or None), through
     one `batch_reduce_to`.
 
@@ -200,8 +217,8 @@ def _packed(strategy, items, forms, counts=None):
     groups = {}  # dtype -> [index of a dense share]
     for index, form in enumerate(forms):
         if form == "dense":
-            groups.setdefault(items[index][0].dtype.base_dtype, []).append(index)
-    shares = {index: _share(strategy, *items[index], form)
+            groups.setdefault(sources[index].variable.dtype.base_dtype, []).append(index)
+    shares = {index: _share(strategy, sources[index], form)
               for index, form in enumerate(forms) if form is not None}
     packs = []  # (dense indices, with the counts, PerReplica of flat tensors)
     for position, indices in enumerate(groups.values()):
@@ -213,18 +230,18 @@ def _packed(strategy, items, forms, counts=None):
     sparse = [index for index, form in enumerate(forms) if form == "sparse"]
     reduced = list(_all_reduce(
         strategy, [pack for _, _, pack in packs] + [shares[i] for i in sparse],
-        [pack for _, _, pack in packs] + [items[i][0] for i in sparse]))
-    found = [None] * len(items)
+        [pack for _, _, pack in packs] + [sources[i].variable for i in sparse]))
+    found = [None] * len(sources)
     summed = None
     for (indices, with_counts, _), value in zip(packs, reduced):
         copies = strategy.experimental_local_results(value)
-        sizes = [items[i][0].shape.num_elements() for i in indices]
+        sizes = [sources[i].variable.shape.num_elements() for i in indices]
         if with_counts:
             summed = copies[0][sum(sizes):].numpy().astype(np.float64).reshape(counts.shape)
         pieces = [array_ops.split(copy[:sum(sizes)], sizes) if sizes else []
                   for copy in copies]
         for position, index in enumerate(indices):
-            shaped = [array_ops.reshape(piece[position], items[index][0].shape)
+            shaped = [array_ops.reshape(piece[position], sources[index].variable.shape)
                       for piece in pieces]
             found[index] = shaped[0] if len(shaped) == 1 else values_lib.Mirrored(tuple(shaped))
     for index, value in zip(sparse, reduced[len(packs):]):
@@ -264,25 +281,27 @@ def _learn(variable, form):
     _learned[key] = (reference, form)
 
 
-def _counts(parts, outside):
-    """(replicas here with a dense gradient, with a sparse one, whether a
-    term outside the replicas took part)."""
-    return (sum(g is not None and not _is_sparse(g) for g in parts),
-            sum(_is_sparse(g) for g in parts), float(outside is not None))
+def _counts(source):
+    """The `_Counts` of `source` on this worker."""
+    return _Counts(sum(g is not None and not _is_sparse(g) for g in source.parts),
+                   sum(_is_sparse(g) for g in source.parts),
+                   float(source.outside is not None))
 
 
-def _share(strategy, variable, parts, outside, plan):
-    """This worker's share of `variable`'s total: a PerReplica of its
+def _share(strategy, source, plan):
+    """This worker's share of `source`'s total: a PerReplica of its
     components' gradients, dense (zeros where one took no part) or sparse
     (IndexedSlices with int64 indices, none where one took no part), with
     1/W of the term outside the replicas added to the first."""
     workers = strategy.extended._num_workers
+    variable = source.variable
     components = strategy.experimental_local_results(variable)
     make = _dense if plan == "dense" else _sparse
-    parts = [make(part, variable, component) for part, component in zip(parts, components)]
-    if outside is not None:
+    parts = [make(part, variable, component)
+             for part, component in zip(source.parts, components)]
+    if source.outside is not None:
         with ops.device(components[0].device):
-            term = ops.convert_to_tensor(outside) / workers
+            term = ops.convert_to_tensor(source.outside) / workers
             parts[0] = (parts[0] + term if plan == "dense" else
                         _concat_rows(parts[0], _sparse(term, variable, components[0])))
     return values_lib.PerReplica(tuple(parts))
@@ -354,22 +373,21 @@ def _is_sparse(gradient):
     return isinstance(gradient, indexed_slices.IndexedSlices)
 
 
-def _outside_terms_checked(strategy, items, plans):
-    """`items` with what the reads outside the replicas contributed checked
+def _outside_terms_checked(strategy, sources, plans):
+    """`sources` with what the reads outside the replicas contributed checked
     to be the same on every worker (`worker_agreement.checked`: in a graph
     an assertion the all-reduce waits for)."""
-    outside = [index for index, (_, _, term) in enumerate(items)
-               if term is not None and plans[index] is not None]
+    outside = [index for index, source in enumerate(sources)
+               if source.outside is not None and plans[index] is not None]
     if not outside:
-        return items
+        return sources
     terms = worker_agreement.checked(
-        strategy, [items[index][2] for index in outside],
-        lambda position: _differs(items[outside[position]][0]))
-    items = list(items)
+        strategy, [sources[index].outside for index in outside],
+        lambda position: _differs(sources[outside[position]].variable))
+    sources = list(sources)
     for index, term in zip(outside, terms):
-        variable, parts, _ = items[index]
-        items[index] = (variable, parts, term)
-    return items
+        sources[index] = dataclasses.replace(sources[index], outside=term)
+    return sources
 
 
 def _differs(variable):

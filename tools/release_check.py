@@ -26,7 +26,8 @@ import zipfile
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 SDIST_MUST_HOLD = ("tfdtape/__init__.py", "tfdtape_pytest.py", "tests/conftest.py",
-                   "docs/strategies.md", "README.md", "CHANGELOG.md", "LICENSE",
+                   "tfdtape/cli/main.py", "docs/strategies.md", "README.md",
+                   "CHANGELOG.md", "CONTRIBUTING.md", "LICENSE",
                    "setup.py", "pyproject.toml")
 """Paths (below the sdist's top folder) a release must carry."""
 
