@@ -52,6 +52,7 @@ DIMENSIONS = {
     "read": ("dense", "gather"),
     "reduction": ("default", "hierarchical_copy"),
     "collective": ("none", "all_reduce_sum", "all_reduce_mean", "all_gather"),
+    "apply": ("where_taken", "no_scope", "other_scope"),
 }
 """Each dimension's choices. `reduction`: MirroredStrategy's cross-device
 ops, its default or HierarchicalCopyAllReduce (totals then go through
@@ -59,7 +60,11 @@ batch_reduce_to and a cross-replica apply gets a copy per device).
 `collective`: what the replica function multiplies its z = x v by: z itself,
 or across the replicas `ReplicaContext.all_reduce` of z (SUM or MEAN), or
 the sum of `ReplicaContext.all_gather` of z weighted by the replicas'
-inputs (each replica's slice counts (r + 1) times)."""
+inputs (each replica's slice counts (r + 1) times). `apply`: where the
+optimizer step applies the gradient: where the tape took it (inside the
+replicas for a tape there), or after, outside any strategy's scope, or in
+another strategy's scope (a OneDeviceStrategy); a tape inside the replicas
+then returns its per-replica gradient from strategy.run."""
 
 SIMPLEST = {name: choices[0] for name, choices in DIMENSIONS.items()}
 SIMPLEST.update(tape="around_run", variable="mirrored", strategy="mirrored")
@@ -94,6 +99,7 @@ class Program:
     read: str = "dense"
     reduction: str = "default"
     collective: str = "none"
+    apply: str = "where_taken"
 
     def spec(self):
         """One line of JSON that `Program.from_spec` reads back."""
@@ -128,6 +134,8 @@ def pinned(program):
         changes.update(reduction="default")
     if p.target == "per_replica" and p.control in ("cond", "loop"):
         changes.update(control="straight")  # Control flow returns a reduced target.
+    if p.step != "sgd":
+        changes.update(apply="where_taken")  # Nothing is applied.
     return dataclasses.replace(p, **changes)
 
 
@@ -223,6 +231,8 @@ def oracle(program, layout_replicas):
     coefficients, total = _replica_terms(p, n)
     if p.in_replica:
         per_replica = [a * VALUE + extra for a in coefficients]
+        if p.step == "sgd" and p.apply != "where_taken" and n > 1:
+            return REFUSE  # Each replica's own gradient applied to every copy.
         result = {"gradient": [_with_unused(p, g) for g in per_replica]}
         if p.persistent:
             result["gradient_again"] = result["gradient"]

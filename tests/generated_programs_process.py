@@ -54,6 +54,14 @@ class Layout:
             }[name]()
         return self._strategies[key]
 
+    def other_strategy(self):
+        """A strategy no program makes its variables in: a OneDeviceStrategy
+        on the last device."""
+        if "other" not in self._strategies:
+            self._strategies["other"] = tf.distribute.OneDeviceStrategy(
+                self.devices[-1])
+        return self._strategies["other"]
+
 
 def make_variable(program, strategy):
     """A fresh variable of the program's kind, and the function giving the
@@ -149,6 +157,20 @@ class Build:
 
     def scope_if(self, condition):
         return self.scope() if condition else contextlib.nullcontext()
+
+    def apply(self, gradient):
+        """The optimizer step where the program applies (`apply`): in the
+        open scope, outside every scope, or in another strategy's."""
+        apply_where = self.p.apply
+        scope = (self.layout.other_strategy().scope() if apply_where == "other_scope"
+                 else contextlib.nullcontext())
+        with scope:
+            # Keras 2 aggregates through merge_call unless told not to, which
+            # fails outside replica context (docs/semantics.md: a total needs
+            # none).
+            options = ({} if KERAS3 or not tf.distribute.in_cross_replica_context()
+                       else {"skip_gradients_aggregation": True})
+            self.optimizer.apply_gradients([(gradient, self.w)], **options)
 
     def tape(self):
         return tf.GradientTape(persistent=self.p.persistent,
@@ -248,13 +270,8 @@ class Build:
         if outer is not None:
             results["second_order"] = outer.gradient(
                 self.first(results["gradient"]), self.w)
-        if self.optimizer is not None:
-            # Keras 2 aggregates through merge_call unless told not to, which
-            # fails outside replica context (README: a total needs none).
-            options = ({} if KERAS3 or not tf.distribute.in_cross_replica_context()
-                       else {"skip_gradients_aggregation": True})
-            self.optimizer.apply_gradients(
-                [(self.first(results["gradient"]), self.w)], **options)
+        if self.optimizer is not None and self.p.apply == "where_taken":
+            self.apply(self.first(results["gradient"]))
         return results
 
     def run_outside(self):
@@ -268,6 +285,8 @@ class Build:
                       else self.record)
             with self.scope_if(p.scope == "everything"):
                 results = self.differentiate(record)
+        if self.optimizer is not None and p.apply != "where_taken":
+            self.apply(self.first(results["gradient"]))
         return self.finish(results)
 
     # Tapes inside the replicas --------------------------------------------
@@ -294,7 +313,7 @@ class Build:
         if outer is not None:
             results["second_order"] = outer.gradient(
                 self.first(results["gradient"]), self.w)
-        if self.optimizer is not None:
+        if self.optimizer is not None and p.apply == "where_taken":
             self.optimizer.apply_gradients([(self.first(results["gradient"]), self.w)])
         return results
 
@@ -306,6 +325,8 @@ class Build:
             run = tf.function(run)
         with self.scope_if(self.p.scope != "none"):
             results = run()
+        if self.optimizer is not None and self.p.apply != "where_taken":
+            self.apply(self.first(results["gradient"]))
         # Per replica: [replica 0's, replica 1's, ...] for each result.
         replicas = range(self.strategy.num_replicas_in_sync)
         return self.finish({key: [self.replica_part(value, r) for r in replicas]

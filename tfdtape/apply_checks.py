@@ -30,16 +30,23 @@ MERGE_CALL_SYMBOL = "tf.__internal__.distribute.interim.maybe_merge_call"
 """What an optimizer's apply goes through, named in the refusals."""
 
 
-def check_no_per_replica_values(args, kwargs, symbol=MERGE_CALL_SYMBOL):
+CROSS_REPLICA = "in cross-replica context"
+OUTSIDE_THEIR_SCOPE = "outside their strategy's scope"
+
+
+def check_no_per_replica_values(args, kwargs, symbol=MERGE_CALL_SYMBOL,
+                                where=CROSS_REPLICA):
     """Raises ValueError if the arguments hold PerReplica values: applied in
-    cross-replica context, each replica's copy would get its own value, and
-    the replicas would drift apart (in replica context `merge_call` would
-    have all-reduced them)."""
+    cross-replica context (`where`: CROSS_REPLICA), each replica's copy would
+    get its own value, and the replicas would drift apart (in replica
+    context `merge_call` would have all-reduced them); outside every
+    strategy's scope (OUTSIDE_THEIR_SCOPE) the default strategy has no
+    replicas to give them to."""
     found = [value for value in nest.flatten((args, kwargs))
              if isinstance(value, values.PerReplica)]
     if found:
         raise events.refused(ValueError(errors.message(
-            "cannot apply per-replica values in cross-replica context", symbol,
+            f"cannot apply per-replica values {where}", symbol,
             "values the same for every replica, such as the gradient of a tape "
             "around strategy.run, or values reduced with strategy.reduce",
             f"{len(found)} PerReplica value{'' if len(found) == 1 else 's'} "
@@ -47,6 +54,25 @@ def check_no_per_replica_values(args, kwargs, symbol=MERGE_CALL_SYMBOL):
             "copy with its own value and let the replicas drift apart",
             "Apply inside the function you pass to strategy.run (the optimizer "
             "all-reduces there), or reduce the values first")))
+
+
+def check_own_strategy(made_in, current, symbol=MERGE_CALL_SYMBOL):
+    """Raises ValueError if an apply in `current`'s cross-replica context
+    comes from an optimizer made in another strategy's scope (`made_in`, the
+    optimizer's own; the default strategy's, where it was made outside every
+    scope, goes on): `current`'s updates would not reach the copies
+    `made_in` keeps."""
+    default = compat.strategy_context._get_default_strategy()
+    if made_in is None or made_in is current or made_in is default:
+        return
+    raise events.refused(ValueError(errors.message(
+        "cannot apply gradients in another strategy's scope", symbol,
+        f"the scope of the strategy the optimizer was made in "
+        f"({type(made_in).__name__}), or no scope",
+        f"the scope of another {type(current).__name__}, whose updates do not "
+        "reach the variables' copies",
+        f"Apply inside `with strategy.scope():` of the {type(made_in).__name__} "
+        "that made the optimizer and the variables")))
 
 
 def check_single_worker(strategy, symbol, what):

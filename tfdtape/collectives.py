@@ -70,6 +70,7 @@ import sys
 
 from tensorflow.python import pywrap_tfe
 from tensorflow.python.distribute import collective_util
+from tensorflow.python.distribute import distribute_lib
 from tensorflow.python.distribute import reduce_util
 from tensorflow.python.distribute import values
 from tensorflow.python.eager import context
@@ -81,6 +82,7 @@ from tensorflow.python.util import nest
 
 from tfdtape import apply_checks
 from tfdtape import backward_placement
+from tfdtape import boundary
 from tfdtape import compat
 from tfdtape import errors
 from tfdtape import events
@@ -92,6 +94,9 @@ _ALL_REDUCE = "tf.distribute.ReplicaContext.all_reduce"
 _ALL_GATHER = "tf.distribute.ReplicaContext.all_gather"
 _SYMBOL = "tf.distribute.ReplicaContext.all_reduce or StrategyExtended.batch_reduce_to"
 _GATHER_SYMBOL = "tf.distribute.ReplicaContext.all_gather or Strategy.gather"
+
+_RECORDING = "recording a transfer across replicas for the tape"
+_ROUTING = "routing a collective through merge_call for a tape around strategy.run"
 
 REDUCTION = "tfdtape_cross_replica_reduction"
 GATHER = "tfdtape_cross_replica_gather"
@@ -202,6 +207,19 @@ def _unrecorded(transfer, symbol):
     return result
 
 
+_DEFAULT_REPLICA_CONTEXT = getattr(distribute_lib, "_DefaultReplicaContext", None)
+_DEFAULT_EXTENDED = getattr(distribute_lib, "_DefaultDistributionExtended", None)
+
+
+def _check_no_per_replica(value):
+    """Raises ValueError where `value`, all-reduced outside every strategy's
+    scope, holds what strategy.run returned (per-replica values)."""
+    flat = value if isinstance(value, list) else nest.flatten(value)
+    if any(type(item) is values.PerReplica for item in flat):
+        apply_checks.check_no_per_replica_values(
+            (nest.flatten(value),), {}, _ALL_REDUCE, apply_checks.OUTSIDE_THEIR_SCOPE)
+
+
 def _transfers_record_here():
     if spanning_tapes.merging_for_spanned_replicas():
         return True
@@ -214,7 +232,9 @@ def _recordable(extended, value, kind=compat.Tensor):
     """Whether `value` is per-replica `kind` values (dense tensors), one per
     replica of the strategy in this process (under a strategy of several
     workers with one replica here, what `strategy.run` returns is that
-    replica's value itself)."""
+    replica's value itself). The default strategy (no scope) has none."""
+    if type(extended) is _DEFAULT_EXTENDED:
+        return False
     if type(value) is values.PerReplica:
         components = value.values
     elif (isinstance(value, kind) and workers.extended_of_several_workers(extended) and
@@ -258,10 +278,18 @@ def make_all_reduce(original):
     @functools.wraps(original)
     def all_reduce(self, reduce_op, value, options=None):
         spanning_tapes.check_not_differentiating_replicas(self, _ALL_REDUCE)
+        if type(self) is _DEFAULT_REPLICA_CONTEXT:
+            # No strategy's scope is open: Keras 3's optimizers all-reduce
+            # through the default replica context; strategy.run's values
+            # reach it only when applied outside their strategy's scope.
+            _check_no_per_replica(value)
+            return original(self, reduce_op, value, options)
         apply_checks.check_no_total(self.num_replicas_in_sync, value, _ALL_REDUCE)
         if not _in_its_replica(self, _ALL_REDUCE):
             return value  # The sum, and the mean, of one replica's value.
-        if not _transfers_in_the_calling_thread(self, value, _ALL_REDUCE):
+        with boundary.translated(_ROUTING, _ALL_REDUCE):
+            routed = _transfers_in_the_calling_thread(self, value, _ALL_REDUCE)
+        if not routed:
             return original(self, reduce_op, value, options)
         options = options or collective_util.Options()
 
@@ -269,7 +297,8 @@ def make_all_reduce(original):
             return strategy.extended.batch_reduce_to(
                 reduce_op, [(v, v) for v in per_replica], options)
 
-        return _merged(self, batch_all_reduce, value)
+        with boundary.translated(_ROUTING, _ALL_REDUCE):
+            return _merged(self, batch_all_reduce, value)
 
     return all_reduce
 
@@ -284,14 +313,17 @@ def make_reduce_to(original):
             events.record_reduction(reduce_op, value,
                                     spanning_tapes.spanning_tapes_record_here(),
                                     sys._getframe())
-        _check_within_one_worker(self, [value], _SYMBOL)
-        if not (_recordable(self, value) and (
+        with boundary.translated(_RECORDING, _SYMBOL):
+            _check_within_one_worker(self, [value], _SYMBOL)
+            recorded = _recordable(self, value) and (
                 spanning_tapes.merging_for_spanned_replicas() or
-                (workers.extended_of_several_workers(self) and _transfers_record_here()))):
+                (workers.extended_of_several_workers(self) and _transfers_record_here()))
+        if not recorded:
             return original(self, reduce_op, value, destinations, options)
         reduced = _unrecorded(lambda: original(self, reduce_op, value, destinations,
                                                options), _SYMBOL)
-        _record_reduction(self, reduce_op, value, reduced)
+        with boundary.translated(_RECORDING, _SYMBOL):
+            _record_reduction(self, reduce_op, value, reduced)
         return reduced
 
     return reduce_to
@@ -304,18 +336,21 @@ def make_batch_reduce_to(original):
     @functools.wraps(original)
     def batch_reduce_to(self, reduce_op, value_destination_pairs, options=None):
         pairs = list(value_destination_pairs)
-        _check_within_one_worker(self, [value for value, _ in pairs], _SYMBOL)
-        if not (_transfers_record_here() and any(
+        with boundary.translated(_RECORDING, _SYMBOL):
+            _check_within_one_worker(self, [value for value, _ in pairs], _SYMBOL)
+            recorded = _transfers_record_here() and any(
                 _recordable(self, value) or
                 _recordable(self, value, indexed_slices.IndexedSlices)
-                for value, _ in pairs)):
+                for value, _ in pairs)
+        if not recorded:
             return original(self, reduce_op, pairs, options)
         reduced = _unrecorded(lambda: original(self, reduce_op, pairs, options), _SYMBOL)
-        for (value, _), result in zip(pairs, reduced):
-            if _recordable(self, value):
-                _record_reduction(self, reduce_op, value, result)
-            elif _recordable(self, value, indexed_slices.IndexedSlices):
-                _record_refusal(self, value, result)
+        with boundary.translated(_RECORDING, _SYMBOL):
+            for (value, _), result in zip(pairs, reduced):
+                if _recordable(self, value):
+                    _record_reduction(self, reduce_op, value, result)
+                elif _recordable(self, value, indexed_slices.IndexedSlices):
+                    _record_refusal(self, value, result)
         return reduced
 
     return batch_reduce_to
@@ -391,7 +426,9 @@ def make_all_gather(original):
         spanning_tapes.check_not_differentiating_replicas(self, _ALL_GATHER)
         if not _in_its_replica(self, _ALL_GATHER):
             return value  # The gather of one replica's value.
-        if not _transfers_in_the_calling_thread(self, value, _ALL_GATHER):
+        with boundary.translated(_ROUTING, _ALL_GATHER):
+            routed = _transfers_in_the_calling_thread(self, value, _ALL_GATHER)
+        if not routed:
             return original(self, value, axis, options)
         options = options or collective_util.Options()
 
@@ -399,7 +436,8 @@ def make_all_gather(original):
             return strategy.extended._batch_gather_to(
                 [(v, v) for v in per_replica], axis, options)
 
-        return _merged(self, batch_all_gather, value)
+        with boundary.translated(_ROUTING, _ALL_GATHER):
+            return _merged(self, batch_all_gather, value)
 
     return all_gather
 
@@ -410,17 +448,19 @@ def make_gather_to(original):
 
     @functools.wraps(original)
     def _gather_to(self, value, destinations, axis, options=None):
-        if (workers.extended_of_several_workers(self) and _transfers_record_here() and
-                _recordable(self, value)):
-            raise _across_workers_refusal(_GATHER_SYMBOL, "a gather")
-        if not (_transfers_record_here() and _recordable(self, value)):
+        with boundary.translated(_RECORDING, _GATHER_SYMBOL):
+            recorded = _transfers_record_here() and _recordable(self, value)
+            if recorded and workers.extended_of_several_workers(self):
+                raise _across_workers_refusal(_GATHER_SYMBOL, "a gather")
+        if not recorded:
             return original(self, value, destinations, axis, options)
         gathered = _unrecorded(lambda: original(self, value, destinations, axis, options),
                                _GATHER_SYMBOL)
-        components = self._local_results(value)
-        for result in self._local_results(gathered):
-            compat.recording_module.record_operation(
-                GATHER, [result], list(components), _slices(components, axis))
+        with boundary.translated(_RECORDING, _GATHER_SYMBOL):
+            components = self._local_results(value)
+            for result in self._local_results(gathered):
+                compat.recording_module.record_operation(
+                    GATHER, [result], list(components), _slices(components, axis))
         return gathered
 
     return _gather_to

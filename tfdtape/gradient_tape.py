@@ -35,6 +35,7 @@ from tensorflow.python.util import nest
 from tensorflow.python.util import traceback_utils
 
 from tfdtape import backward_placement
+from tfdtape import boundary
 from tfdtape import call_sites
 from tfdtape import compat
 from tfdtape import component_totals
@@ -229,65 +230,69 @@ def _differentiate(original_gradient, tape, target, sources, output_gradients,
         return _Outcome(original_gradient(
             tape, target, sources, output_gradients=output_gradients,
             unconnected_gradients=unconnected_gradients))
-    flat_variables = [keras_variables.unwrap(source, _GRADIENT_SYMBOL)
-                      for source in flat_sources]
-    components, spans = _split_distributed_sources(flat_variables, cross_replica)
-    across_workers = [variable for variable in flat_variables
-                      if workers.of_several_workers(variable)]
-    anchors = {}  # id(variable) -> the anchor its reads outside the replicas came through
-    if across_workers:
-        worker_totals.check_may_reduce(tape, across_workers)
-        for variable in across_workers:
-            anchor = cross_replica_reads.anchor_of(tape, variable)
-            if anchor is not None:
-                anchors[id(variable)] = anchor
-    # With no strategy, zeros for what is unconnected are filled in as
-    # TensorFlow fills them, after the sum: a zero for an unconnected
-    # component would count as taking part, and turn TensorFlow's own
-    # gradient of the first component into a sum (-0.0 into +0.0,
-    # IndexedSlices into a dense tensor); across workers, after the
-    # all-reduce, which decides what took part on any worker.
-    fill_zeros = ((not cross_replica or across_workers) and
-                  _asks_for_zeros(unconnected_gradients))
+    with boundary.translated("differentiating distributed sources by their "
+                             "components", _GRADIENT_SYMBOL):
+        flat_variables = [keras_variables.unwrap(source, _GRADIENT_SYMBOL)
+                          for source in flat_sources]
+        components, spans = _split_distributed_sources(flat_variables, cross_replica)
+        across_workers = [variable for variable in flat_variables
+                          if workers.of_several_workers(variable)]
+        anchors = {}  # id(variable) -> the anchor its reads outside the replicas came through
+        if across_workers:
+            worker_totals.check_may_reduce(tape, across_workers)
+            for variable in across_workers:
+                anchor = cross_replica_reads.anchor_of(tape, variable)
+                if anchor is not None:
+                    anchors[id(variable)] = anchor
+        # With no strategy, zeros for what is unconnected are filled in as
+        # TensorFlow fills them, after the sum: a zero for an unconnected
+        # component would count as taking part, and turn TensorFlow's own
+        # gradient of the first component into a sum (-0.0 into +0.0,
+        # IndexedSlices into a dense tensor); across workers, after the
+        # all-reduce, which decides what took part on any worker.
+        fill_zeros = ((not cross_replica or across_workers) and
+                      _asks_for_zeros(unconnected_gradients))
     flat_gradients = original_gradient(
         tape, target, components + list(anchors.values()),
         output_gradients=output_gradients,
         unconnected_gradients=(UnconnectedGradients.NONE if fill_zeros
                                else unconnected_gradients))
-    outside = dict(zip(anchors, flat_gradients[len(components):]))
-    totals = _totals(flat_variables, [flat_gradients[start:stop]
-                                      for start, stop in spans], cross_replica,
-                     outside)
-    # Per distributed source: (source, components, how many took part,
-    # whether its total counts as summed: in cross-replica context where
-    # any component took part; outside any strategy where one beyond the
-    # first did (TensorFlow's own gradient is the first's); across workers
-    # where any worker's did, which its total says).
-    distributed = [
-        (source, stop - start, sum(g is not None for g in flat_gradients[start:stop]),
-         (total is not None if workers.of_several_workers(variable) else
-          any(g is not None for g in flat_gradients[
-              (start if cross_replica else start + 1):stop])))
-        for source, variable, (start, stop), total in zip(
-            flat_sources, flat_variables, spans, totals)
-        if resolution.is_distributed_variable(variable)]
-    summed = tuple((source, components)
-                   for source, components, _, counted in distributed if counted)
-    # One component of several: a strategy of one replica has nothing else.
-    of_several = [count for _, components, count, _ in distributed if components > 1]
-    one_device = (cross_replica and bool(summed) and bool(of_several) and
-                  all(count <= 1 for count in of_several))
-    if fill_zeros:
-        totals = [default_gradient.zeros_like(variable) if total is None else total
-                  for variable, total in zip(flat_variables, totals)]
-    worker_count = max([variable.distribute_strategy.extended._num_workers
-                        for variable in across_workers], default=1)
-    if cross_replica:
-        component_totals.note_over_replicas(
-            total for variable, total in zip(flat_variables, totals)
-            if resolution.is_distributed_variable(variable))
-    return _Outcome(nest.pack_sequence_as(sources, totals), summed, one_device,
-                    summing=True, workers=worker_count)
+    with boundary.translated("totalling the gradients of distributed sources",
+                             _GRADIENT_SYMBOL):
+        outside = dict(zip(anchors, flat_gradients[len(components):]))
+        totals = _totals(flat_variables, [flat_gradients[start:stop]
+                                          for start, stop in spans], cross_replica,
+                         outside)
+        # Per distributed source: (source, components, how many took part,
+        # whether its total counts as summed: in cross-replica context where
+        # any component took part; outside any strategy where one beyond the
+        # first did (TensorFlow's own gradient is the first's); across workers
+        # where any worker's did, which its total says).
+        distributed = [
+            (source, stop - start, sum(g is not None for g in flat_gradients[start:stop]),
+             (total is not None if workers.of_several_workers(variable) else
+              any(g is not None for g in flat_gradients[
+                  (start if cross_replica else start + 1):stop])))
+            for source, variable, (start, stop), total in zip(
+                flat_sources, flat_variables, spans, totals)
+            if resolution.is_distributed_variable(variable)]
+        summed = tuple((source, components)
+                       for source, components, _, counted in distributed if counted)
+        # One component of several: a strategy of one replica has nothing else.
+        of_several = [count for _, components, count, _ in distributed if components > 1]
+        one_device = (cross_replica and bool(summed) and bool(of_several) and
+                      all(count <= 1 for count in of_several))
+        if fill_zeros:
+            totals = [default_gradient.zeros_like(variable) if total is None else total
+                      for variable, total in zip(flat_variables, totals)]
+        worker_count = max([variable.distribute_strategy.extended._num_workers
+                            for variable in across_workers], default=1)
+        if cross_replica:
+            component_totals.note_over_replicas(
+                total for variable, total in zip(flat_variables, totals)
+                if resolution.is_distributed_variable(variable))
+        return _Outcome(nest.pack_sequence_as(sources, totals), summed, one_device,
+                        summing=True, workers=worker_count)
 
 
 def _replicas_if_per_replica(target):

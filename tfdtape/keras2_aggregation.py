@@ -7,8 +7,12 @@ cross-replica context fails: `'NoneType' object has no attribute
 'merge_call'`. A gradient there (the total of a tape around `strategy.run`,
 or of a tape in cross-replica context) is the same for every replica
 already: tfdtape's `aggregate_gradients` hands it on as it is under a
-strategy in cross-replica context. What would be wrong to apply there
-(per-replica values, several workers) is refused by the apply itself
+strategy in cross-replica context, after refusing per-replica values (what
+`strategy.run` returned: each replica's copy would get its own value; the
+optimizer's first apply would otherwise fail first on TensorFlow's internals
+where the scope is another strategy's, which is refused too). What else
+would be wrong to apply
+there (several workers) is refused by the apply itself
 (`tfdtape.merge_calls`). Everywhere else Keras's function runs unchanged.
 
 Keras is never imported here: the classes are looked up in `sys.modules`,
@@ -21,6 +25,7 @@ import functools
 import inspect
 import sys
 
+from tfdtape import apply_checks
 from tfdtape import compat
 
 OPTIMIZER_MODULES = (
@@ -30,6 +35,7 @@ OPTIMIZER_MODULES = (
 )
 ATTRIBUTE = "aggregate_gradients"
 PARAMETERS = ("self", "grads_and_vars")
+_SYMBOL = "Optimizer.apply_gradients (Keras 2)"
 
 
 def keras2_classes():
@@ -54,9 +60,15 @@ def make_aggregate_gradients(original):
 
     @functools.wraps(original)
     def aggregate_gradients(self, grads_and_vars):
-        _, replica_context = compat.strategy_context.get_strategy_and_replica_context()
+        current, replica_context = (
+            compat.strategy_context.get_strategy_and_replica_context())
         if replica_context is None and compat.strategy_context.has_strategy():
-            return list(grads_and_vars)
+            grads_and_vars = list(grads_and_vars)
+            apply_checks.check_no_per_replica_values(
+                (grads_and_vars,), {}, _SYMBOL)
+            apply_checks.check_own_strategy(
+                getattr(self, "_distribution_strategy", None), current, _SYMBOL)
+            return grads_and_vars
         return original(self, grads_and_vars)
 
     return aggregate_gradients

@@ -36,11 +36,13 @@ import sys
 from tensorflow.python.distribute import merge_call_interim
 
 from tfdtape import apply_checks
+from tfdtape import boundary
 from tfdtape import compat
 from tfdtape import component_totals
 from tfdtape import workers
 
 ATTRIBUTE = "maybe_merge_call"
+_SYMBOL = apply_checks.MERGE_CALL_SYMBOL
 PARAMETERS = ("fn", "strategy", "args", "kwargs")
 
 
@@ -71,10 +73,12 @@ def make_maybe_merge_call(original):
                 # An apply with no scope around it: `fn` updates every copy.
                 args, kwargs = apply_checks.check_apply(strategy, args, kwargs)
             return original(fn, strategy, *args, **kwargs)
-        apply_checks.check_no_per_replica_values(args, kwargs)
-        if workers.in_multi_worker_mode(current):
-            args, kwargs = apply_checks.check_apply(current, args, kwargs)
-        args, kwargs = component_totals.per_device((args, kwargs))
+        with boundary.translated("applying in cross-replica context", _SYMBOL):
+            apply_checks.check_no_per_replica_values(args, kwargs)
+            apply_checks.check_own_strategy(strategy, current)
+            if workers.in_multi_worker_mode(current):
+                args, kwargs = apply_checks.check_apply(current, args, kwargs)
+            args, kwargs = component_totals.per_device((args, kwargs))
         return fn(current, *args, **kwargs)
 
     return maybe_merge_call
