@@ -206,3 +206,60 @@ def test_a_total_applied_in_another_strategys_scope_is_refused(
     with strategy.scope():  # where it was made: the same gradients apply
         optimizer.apply_gradients(zip(grads, model.trainable_variables))
     assert not (model.trainable_variables[0].numpy() == before[0]).all()
+
+
+@pytest.mark.parametrize("keras_name", ["tf.keras", "tf_keras"])
+@pytest.mark.parametrize("apply_in", ["scope", "no_scope"])
+def test_an_optimizer_made_outside_every_scope_is_refused(
+        strategy_of_two, keras_name, apply_in):
+    """Found by the break-it review: Adam made (and built) outside every
+    scope, applying the total of a tape around strategy.run to a mirrored
+    variable in the strategy's scope, advanced its one set of moments once
+    per copy: the copies drifted apart, silently ([0.669 1.668] and
+    [0.619 1.617] against one device's [0.702 1.701] after three steps).
+    With no scope open Keras failed in TensorFlow's own update."""
+    keras = keras_module(keras_name)
+    strategy = strategy_of_two
+    with strategy.scope():
+        v = tf.Variable([1.0, 2.0])
+    optimizer = keras.optimizers.Adam(0.1)
+    optimizer.build([v])
+    with strategy.scope():
+        with tf.GradientTape() as tape:
+            loss = strategy.reduce("SUM", strategy.run(
+                lambda: tf.reduce_sum(v * v) / 2), axis=None)
+        gradient = tape.gradient(loss, v)
+    with pytest.raises(ValueError) as raised:
+        with strategy.scope() if apply_in == "scope" else contextlib.nullcontext():
+            optimizer.apply_gradients([(gradient, v)])
+    assert "tfdtape: cannot apply with an optimizer made outside strategy.scope()" in str(
+        raised.value)
+    assert str(raised.value).endswith(
+        "Make the optimizer inside the MirroredStrategy's scope, as the model.")
+    assert [list(c.numpy()) for c in strategy.experimental_local_results(v)] == [
+        [1.0, 2.0], [1.0, 2.0]]
+
+
+@pytest.mark.parametrize("keras_name", ["tf.keras", "tf_keras"])
+@pytest.mark.parametrize("made_in", ["no_scope", "other_scope"])
+def test_variables_of_another_strategy_are_refused(strategy_of_two, keras_name, made_in):
+    """Found by the break-it review: a MirroredStrategy's variables updated in
+    a OneDeviceStrategy's scope (plain gradients, as stock reaches the apply
+    too) raised TensorFlow's "Mixing different tf.distribute.Strategy
+    objects" from tfdtape's apply (stock: the merge_call error)."""
+    keras = keras_module(keras_name)
+    strategy = strategy_of_two
+    other = tf.distribute.OneDeviceStrategy(strategy.extended.worker_devices[-1])
+    with strategy.scope():
+        v = tf.Variable([1.0, 2.0])
+    with other.scope() if made_in == "other_scope" else contextlib.nullcontext():
+        optimizer = keras.optimizers.SGD(0.1)
+    with pytest.raises(ValueError) as raised:
+        with other.scope():
+            optimizer.apply_gradients([(tf.constant([1.0, 1.0]), v)])
+    expected = ("cannot apply gradients in another strategy's scope"
+                if made_in == "other_scope" else
+                "cannot apply with an optimizer made outside strategy.scope()")
+    assert str(raised.value).startswith(f"tfdtape: {expected}")
+    assert [list(c.numpy()) for c in strategy.experimental_local_results(v)] == [
+        [1.0, 2.0], [1.0, 2.0]]

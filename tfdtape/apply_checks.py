@@ -56,23 +56,64 @@ def check_no_per_replica_values(args, kwargs, symbol=MERGE_CALL_SYMBOL,
             "all-reduces there), or reduce the values first")))
 
 
-def check_own_strategy(made_in, current, symbol=MERGE_CALL_SYMBOL):
-    """Raises ValueError if an apply in `current`'s cross-replica context
-    comes from an optimizer made in another strategy's scope (`made_in`, the
-    optimizer's own; the default strategy's, where it was made outside every
-    scope, goes on): `current`'s updates would not reach the copies
-    `made_in` keeps."""
-    default = compat.strategy_context._get_default_strategy()
-    if made_in is None or made_in is current or made_in is default:
+def distributed_variables(structure):
+    """The distributed variables in `structure` (an apply's arguments)."""
+    return [value for value in nest.flatten(structure)
+            if resolution.is_distributed_variable(value)]
+
+
+def check_strategies(made_in, current, variables, symbol=MERGE_CALL_SYMBOL):
+    """Raises ValueError where an apply would update `variables` (the
+    distributed variables it is given) other than every copy alike:
+
+    - the optimizer was made outside every scope (`made_in` is the default
+      strategy) and a variable has several replicas: its state (Adam's
+      moments) is one variable each copy's update would advance in turn;
+    - in `current`'s scope (a strategy's, in cross-replica context), the
+      optimizer was made in another strategy's (`made_in`), or a variable
+      belongs to another strategy: `current`'s updates do not reach their
+      copies.
+
+    `made_in` None (not an optimizer's apply) is not checked.
+    """
+    if made_in is None:
         return
-    raise events.refused(ValueError(errors.message(
-        "cannot apply gradients in another strategy's scope", symbol,
-        f"the scope of the strategy the optimizer was made in "
-        f"({type(made_in).__name__}), or no scope",
-        f"the scope of another {type(current).__name__}, whose updates do not "
-        "reach the variables' copies",
-        f"Apply inside `with strategy.scope():` of the {type(made_in).__name__} "
-        "that made the optimizer and the variables")))
+    default = compat.strategy_context._get_default_strategy()
+    several = [variable for variable in variables
+               if variable.distribute_strategy.num_replicas_in_sync > 1]
+    if made_in is default and several:
+        holder = type(several[0].distribute_strategy).__name__
+        raise events.refused(ValueError(errors.message(
+            "cannot apply with an optimizer made outside strategy.scope()", symbol,
+            f"an optimizer made inside `with strategy.scope():` of the {holder} "
+            "that holds the variables",
+            "one made outside every scope, whose state (such as Adam's moments) "
+            "is one variable that every replica's copy would update in turn, "
+            "letting the copies drift apart",
+            f"Make the optimizer inside the {holder}'s scope, as the model")))
+    if current is default:
+        return
+    if made_in is not current and made_in is not default:
+        raise events.refused(ValueError(errors.message(
+            "cannot apply gradients in another strategy's scope", symbol,
+            f"the scope of the strategy the optimizer was made in "
+            f"({type(made_in).__name__}), or no scope",
+            f"the scope of another {type(current).__name__}, whose updates do not "
+            "reach the variables' copies",
+            f"Apply inside `with strategy.scope():` of the {type(made_in).__name__} "
+            "that made the optimizer and the variables")))
+    foreign = [variable for variable in variables
+               if variable.distribute_strategy is not current]
+    if foreign:
+        holder = type(foreign[0].distribute_strategy).__name__
+        raise events.refused(ValueError(errors.message(
+            "cannot apply gradients in another strategy's scope", symbol,
+            f"the scope of the strategy the variables were made in ({holder}), "
+            "or no scope",
+            f"{foreign[0].name!r} of a {holder} updated in the scope of another "
+            f"{type(current).__name__}, whose updates do not reach its copies",
+            f"Apply inside `with strategy.scope():` of the {holder} that made "
+            "the variables (and make the optimizer there too)")))
 
 
 def check_single_worker(strategy, symbol, what):

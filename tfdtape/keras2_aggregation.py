@@ -66,8 +66,9 @@ def make_aggregate_gradients(original):
             grads_and_vars = list(grads_and_vars)
             apply_checks.check_no_per_replica_values(
                 (grads_and_vars,), {}, _SYMBOL)
-            apply_checks.check_own_strategy(
-                getattr(self, "_distribution_strategy", None), current, _SYMBOL)
+            apply_checks.check_strategies(
+                getattr(self, "_distribution_strategy", None), current,
+                apply_checks.distributed_variables(grads_and_vars), _SYMBOL)
             return grads_and_vars
         return original(self, grads_and_vars)
 

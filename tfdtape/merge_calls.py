@@ -39,6 +39,7 @@ from tfdtape import apply_checks
 from tfdtape import boundary
 from tfdtape import compat
 from tfdtape import component_totals
+from tfdtape import resolution
 from tfdtape import workers
 
 ATTRIBUTE = "maybe_merge_call"
@@ -58,6 +59,19 @@ def modules_holding(is_wanted):
     return found
 
 
+def _first_variable(args):
+    """The first distributed variable an optimizer's apply is given (its
+    `grads_and_vars`' first, or its variables' first), or None: enough to
+    tell whose variables they are, without walking them all on every step."""
+    first = args[0] if args else None
+    if not isinstance(first, (list, tuple)) or not first:
+        return None
+    item = first[0]
+    if isinstance(item, (list, tuple)) and len(item) == 2:
+        item = item[1]
+    return item if resolution.is_distributed_variable(item) else None
+
+
 def make_maybe_merge_call(original):
     """Returns a `maybe_merge_call` that, in cross-replica context, calls `fn`
     with the current strategy instead of failing in `merge_call`."""
@@ -68,14 +82,18 @@ def make_maybe_merge_call(original):
             compat.strategy_context.get_strategy_and_replica_context())
         if (replica_context is not None or
                 merge_call_interim.strategy_supports_no_merge_call()):
-            if (not compat.strategy_context.has_strategy() and strategy is not None and
-                    workers.in_multi_worker_mode(strategy)):
+            if not compat.strategy_context.has_strategy() and strategy is not None:
                 # An apply with no scope around it: `fn` updates every copy.
-                args, kwargs = apply_checks.check_apply(strategy, args, kwargs)
+                first = _first_variable(args)
+                if first is not None:
+                    apply_checks.check_strategies(strategy, current, [first])
+                if workers.in_multi_worker_mode(strategy):
+                    args, kwargs = apply_checks.check_apply(strategy, args, kwargs)
             return original(fn, strategy, *args, **kwargs)
         with boundary.translated("applying in cross-replica context", _SYMBOL):
             apply_checks.check_no_per_replica_values(args, kwargs)
-            apply_checks.check_own_strategy(strategy, current)
+            apply_checks.check_strategies(
+                strategy, current, apply_checks.distributed_variables((args, kwargs)))
             if workers.in_multi_worker_mode(current):
                 args, kwargs = apply_checks.check_apply(current, args, kwargs)
             args, kwargs = component_totals.per_device((args, kwargs))

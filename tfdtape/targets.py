@@ -47,6 +47,7 @@ from tfdtape import errors
 from tfdtape import gradient_tape
 from tfdtape import keras2_aggregation
 from tfdtape import keras2_loss_scaling
+from tfdtape import keras3_accumulation
 from tfdtape import keras3_loss_scaling
 from tfdtape import merge_calls
 from tfdtape import process_state
@@ -385,8 +386,8 @@ def patch_targets():
 
 
 def _keras_targets():
-    """Keras 3's LossScaleOptimizer, Keras 2's Optimizer and its
-    LossScaleOptimizer classes, where loaded
+    """Keras 3's LossScaleOptimizer and BaseOptimizer, Keras 2's Optimizer
+    and its LossScaleOptimizer classes, where loaded
     (optional: a Keras without them, or whose classes changed, keeps its
     own refusals)."""
     table = [PatchTarget(cls, keras2_aggregation.ATTRIBUTE,
@@ -401,6 +402,12 @@ def _keras_targets():
     if keras_class is not None:
         table.append(PatchTarget(keras_class, keras3_loss_scaling.ATTRIBUTE,
                                  keras3_loss_scaling.PARAMETERS, keras3_loss_scaling.make_tf_apply,
+                                 required=False))
+    optimizer_class = keras3_accumulation.keras_class()
+    if optimizer_class is not None:
+        table.append(PatchTarget(optimizer_class, keras3_accumulation.ATTRIBUTE,
+                                 keras3_accumulation.PARAMETERS,
+                                 keras3_accumulation.make_backend_apply_gradients,
                                  required=False))
     return table
 

@@ -1,0 +1,170 @@
+"""Keras 3's gradient accumulation (`gradient_accumulation_steps`) under
+MirroredStrategy trains like one device with the same accumulation
+(tfdtape.keras3_accumulation): `model.fit`, TensorFlow's tutorial step (the
+tape and the apply inside strategy.run) eagerly and in a tf.function, and the
+tape around strategy.run; SGD and Adam; 1, 2 and 4 replicas. Compared after
+five steps: every copy of every weight, the accumulators and the iteration
+counter.
+
+Stock TensorFlow is the control: the traced tutorial step and `fit` fail in
+Keras's `cond` ("merge_call called while defining a new graph or a
+tf.function", keras-team/keras#20582), the eager tutorial step gives one
+device's weights with each replica's copy of the accumulators holding its
+own share (not the one device's accumulators), and the tape around
+strategy.run raises the handle error.
+"""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from conftest import DEVICES
+from keras_models import is_keras3
+from tfdtape.testing import PATCHED_CONFIGURATIONS
+
+pytestmark = pytest.mark.skipif(
+    not is_keras3(tf.keras), reason="gradient_accumulation_steps is Keras 3's "
+    "(tf.keras before TensorFlow 2.16 is Keras 2)")
+
+GLOBAL_BATCH = 8
+STEPS = 5
+ACCUMULATE = 2
+RNG = np.random.default_rng(7)
+FEATURES = RNG.normal(size=(STEPS * GLOBAL_BATCH, 4)).astype(np.float32)
+LABELS = RNG.normal(size=(STEPS * GLOBAL_BATCH, 1)).astype(np.float32)
+STYLES = ("fit", "tutorial_traced", "tutorial_eager", "spanning_traced",
+          "spanning_eager")
+MERGE_CALL_IN_COND = "merge_call` called while defining a new graph"
+
+
+def build(optimizer_name):
+    keras = tf.keras
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3, activation="tanh"),
+                              keras.layers.Dense(1)])
+    for index, weight in enumerate(model.weights):
+        weight.assign(tf.random.stateless_normal(weight.shape, seed=(3, index)) * 0.5)
+    optimizer = (keras.optimizers.Adam(0.01, gradient_accumulation_steps=ACCUMULATE)
+                 if optimizer_name == "adam" else
+                 keras.optimizers.SGD(0.1, gradient_accumulation_steps=ACCUMULATE))
+    if optimizer_name == "loss_scaled_sgd":
+        optimizer = keras.optimizers.LossScaleOptimizer(optimizer, initial_scale=8.0)
+    optimizer.build(model.trainable_variables)
+    return model, optimizer
+
+
+def copies(variable):
+    """Every component's value of a (Keras) variable, as NumPy arrays."""
+    inner = variable.value if hasattr(variable, "value") else variable
+    return [np.asarray(c) for c in getattr(inner, "values", (inner,))]
+
+
+def state(model, optimizer):
+    """(every copy of every weight, of every accumulator, the iterations)."""
+    return ([copies(w) for w in model.trainable_variables],
+            [copies(a) for a in getattr(optimizer, "inner_optimizer",
+                                        optimizer)._accumulated_gradients],
+            int(optimizer.iterations))
+
+
+def one_device(optimizer_name):
+    model, optimizer = build(optimizer_name)
+    for step in range(STEPS):
+        batch = slice(step * GLOBAL_BATCH, (step + 1) * GLOBAL_BATCH)
+        with tf.GradientTape() as tape:
+            loss = optimizer.scale_loss(
+                tf.reduce_mean((model(FEATURES[batch]) - LABELS[batch]) ** 2))
+        optimizer.apply_gradients(zip(tape.gradient(loss, model.trainable_variables),
+                                      model.trainable_variables))
+    return state(model, optimizer)
+
+
+def train(strategy, style, optimizer_name):
+    with strategy.scope():
+        model, optimizer = build(optimizer_name)
+    if style == "fit":
+        with strategy.scope():
+            model.compile(optimizer=optimizer, loss="mse")
+        model.fit(FEATURES, LABELS, batch_size=GLOBAL_BATCH, epochs=1, shuffle=False,
+                  verbose=0)
+        return state(model, optimizer)
+
+    def loss_of(x, y):  # the replica's share of the global batch's mean
+        return optimizer.scale_loss(tf.reduce_sum((model(x) - y) ** 2) / GLOBAL_BATCH)
+
+    def tutorial(x, y):
+        def replica(x, y):
+            with tf.GradientTape() as tape:
+                loss = loss_of(x, y)
+            optimizer.apply_gradients(zip(tape.gradient(loss, model.trainable_variables),
+                                          model.trainable_variables))
+        strategy.run(replica, args=(x, y))
+
+    def spanning(x, y):
+        with tf.GradientTape() as tape:
+            loss = strategy.reduce("SUM", strategy.run(loss_of, args=(x, y)), axis=None)
+        optimizer.apply_gradients(zip(tape.gradient(loss, model.trainable_variables),
+                                      model.trainable_variables))
+
+    step = tutorial if style.startswith("tutorial") else spanning
+    if style.endswith("traced"):
+        step = tf.function(step)
+    batches = iter(strategy.experimental_distribute_dataset(
+        tf.data.Dataset.from_tensor_slices((FEATURES, LABELS)).batch(GLOBAL_BATCH)))
+    with strategy.scope():
+        for _ in range(STEPS):
+            step(*next(batches))
+    return state(model, optimizer)
+
+
+def assert_like_one_device(found, expected):
+    weights, accumulators, iterations = found
+    for kind, got, wanted in (("weight", weights, expected[0]),
+                              ("accumulator", accumulators, expected[1])):
+        for index, (components, (reference,)) in enumerate(zip(got, wanted)):
+            for component in components:
+                np.testing.assert_array_equal(component, components[0],
+                                              err_msg=f"{kind} {index}: copies differ")
+            np.testing.assert_allclose(components[0], reference, rtol=1e-5, atol=1e-6,
+                                       err_msg=f"{kind} {index}")
+    assert iterations == expected[2]
+
+
+@pytest.fixture(scope="module")
+def strategy_of_one():
+    return tf.distribute.MirroredStrategy(DEVICES[:1])
+
+
+@pytest.mark.parametrize("optimizer_name", ["sgd", "adam"])
+@pytest.mark.parametrize("style", STYLES)
+def test_accumulation_under_mirrored_strategy_matches_one_device(
+        strategy, configuration, style, optimizer_name):
+    expected = one_device(optimizer_name)
+    if configuration not in PATCHED_CONFIGURATIONS:
+        if style in ("fit", "tutorial_traced"):
+            with pytest.raises(RuntimeError, match=MERGE_CALL_IN_COND):
+                train(strategy, style, optimizer_name)
+            return
+        if style.startswith("spanning"):
+            with pytest.raises(ValueError, match="handle is not available"):
+                train(strategy, style, optimizer_name)
+            return
+        # The eager tutorial step: each replica accumulates its own share,
+        # so the weights are one device's but the accumulators' copies differ.
+        weights, accumulators, iterations = train(strategy, style, optimizer_name)
+        assert_like_one_device((weights, [], iterations), (expected[0], [], expected[2]))
+        assert any(not np.array_equal(components[0], components[1])
+                   for components in accumulators)
+        return
+    assert_like_one_device(train(strategy, style, optimizer_name), expected)
+
+
+@pytest.mark.parametrize("optimizer_name", ["adam", "loss_scaled_sgd"])
+@pytest.mark.parametrize("style", ["fit", "tutorial_traced", "spanning_traced"])
+@pytest.mark.parametrize("replicas", [1, 2])
+def test_accumulation_with_one_and_two_replicas(strategy_of_one, strategy_of_two,
+                                                replicas, style, optimizer_name):
+    """Also inside a LossScaleOptimizer (the loss scaled, the update in its
+    finite-gradients `cond`)."""
+    strategy = strategy_of_one if replicas == 1 else strategy_of_two
+    assert_like_one_device(train(strategy, style, optimizer_name),
+                           one_device(optimizer_name))
