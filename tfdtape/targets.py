@@ -49,6 +49,7 @@ from tfdtape import keras2_aggregation
 from tfdtape import keras2_loss_scaling
 from tfdtape import keras3_accumulation
 from tfdtape import keras3_loss_scaling
+from tfdtape import keras3_multi_worker
 from tfdtape import merge_calls
 from tfdtape import process_state
 from tfdtape import spanning_tapes
@@ -386,7 +387,8 @@ def patch_targets():
 
 
 def _keras_targets():
-    """Keras 3's LossScaleOptimizer and BaseOptimizer, Keras 2's Optimizer
+    """Keras 3's LossScaleOptimizer, BaseOptimizer and TensorFlow trainer,
+    Keras 2's Optimizer
     and its LossScaleOptimizer classes, where loaded
     (optional: a Keras without them, or whose classes changed, keeps its
     own refusals)."""
@@ -408,6 +410,17 @@ def _keras_targets():
         table.append(PatchTarget(optimizer_class, keras3_accumulation.ATTRIBUTE,
                                  keras3_accumulation.PARAMETERS,
                                  keras3_accumulation.make_backend_apply_gradients,
+                                 required=False))
+    trainer_class = keras3_multi_worker.trainer_class()
+    if trainer_class is not None:
+        table.append(PatchTarget(trainer_class, keras3_multi_worker.BUILD_ATTRIBUTE,
+                                 keras3_multi_worker.BUILD_PARAMETERS,
+                                 keras3_multi_worker.make_maybe_symbolic_build,
+                                 required=False))
+        table.append(PatchTarget(keras3_multi_worker.trainer_module(),
+                                 keras3_multi_worker.REDUCE_ATTRIBUTE,
+                                 keras3_multi_worker.REDUCE_PARAMETERS,
+                                 keras3_multi_worker.make_reduce_per_replica,
                                  required=False))
     return table
 

@@ -1,0 +1,107 @@
+"""Keras `fit`, `evaluate` and `predict` on MultiWorkerMirroredStrategy with
+2 and 3 workers on loopback train like one device on the global batch
+(tfdtape.keras3_multi_worker, with tfdtape.keras3_accumulation for
+`gradient_accumulation_steps`): every copy of every weight, the
+accumulators, the iteration counter, History's losses, evaluate's loss and
+predict's output as one process with no strategy computes; every worker
+bitwise equal to the others.
+
+Stock TensorFlow is the control: Keras 3's `fit` fails in its symbolic
+build ("Attempt to convert a value (PerReplica ...)", tensorflow#72388).
+tf_keras (`TF_USE_LEGACY_KERAS=1`) trains on stock and with tfdtape alike.
+"""
+
+import pathlib
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import loopback
+from keras_models import is_keras3
+
+# Worker processes on loopback: they run alone, not beside other tests.
+pytestmark = pytest.mark.cluster
+
+SCRIPT = str(pathlib.Path(__file__).parent / "keras_worker_process.py")
+TIMEOUT_SECONDS = 240
+STOCK_BUILD_ERROR = "Attempt to convert a value (PerReplica"
+_references = {}
+
+
+def results(workers, optimizer_name, accumulate, configuration, legacy=False):
+    """Each process's result: `workers` workers of a cluster, or (0) one
+    process with no strategy."""
+    env = {"TF_USE_LEGACY_KERAS": "1"} if legacy else {"TF_USE_LEGACY_KERAS": "0"}
+    configs = loopback.worker_configs(workers) if workers else [None]
+    return loopback.run_processes(
+        configs, [SCRIPT, optimizer_name, str(accumulate), configuration],
+        TIMEOUT_SECONDS, env=env)
+
+
+def one_device(optimizer_name, accumulate, legacy=False):
+    key = (optimizer_name, accumulate, legacy)
+    if key not in _references:
+        (reference,) = results(0, optimizer_name, accumulate, "stock", legacy)
+        assert "error" not in reference, reference.get("traceback")
+        _references[key] = reference
+    return _references[key]
+
+
+def assert_like_one_device(found, reference):
+    assert [r["task"] for r in found] == list(range(len(found)))
+    for result in found:
+        assert "error" not in result, result.get("traceback")
+        for kind in ("weights", "accumulators"):
+            assert len(result[kind]) == len(reference[kind])
+            for index, (components, (expected,)) in enumerate(
+                    zip(result[kind], reference[kind])):
+                assert len(components) == 1  # one replica per worker
+                np.testing.assert_allclose(components[0], expected, rtol=1e-5, atol=1e-6,
+                                           err_msg=f"{kind} {index}")
+        assert result["iterations"] == reference["iterations"]
+        np.testing.assert_allclose(result["losses"], reference["losses"], rtol=1e-5)
+        np.testing.assert_allclose(result["evaluated"], reference["evaluated"], rtol=1e-5)
+        np.testing.assert_allclose(result["predicted"], reference["predicted"],
+                                   rtol=1e-5, atol=1e-6)
+        for key in ("weights", "accumulators", "iterations", "losses", "evaluated",
+                    "predicted"):
+            assert result[key] == found[0][key], f"workers differ in {key}"
+
+
+keras3_only = pytest.mark.skipif(not is_keras3(tf.keras), reason="Keras 3's trainer (tf.keras "
+                                 "before TensorFlow 2.16 is Keras 2)")
+
+
+@keras3_only
+@pytest.mark.parametrize("workers,optimizer_name,accumulate,configuration", [
+    (2, "sgd", 0, "tfdtape"),
+    (2, "adam", 2, "tfdtape"),
+    (2, "sgd", 2, "tfdtape_alone"),
+    (3, "adam", 0, "tfdtape_alone"),
+    (3, "sgd", 2, "tfdtape"),
+])
+def test_keras3_fit_evaluate_predict_on_workers_match_one_device(
+        workers, optimizer_name, accumulate, configuration):
+    reference = one_device(optimizer_name, accumulate)
+    if accumulate:  # an odd number of steps: the accumulators hold a step
+        assert any(np.any(np.asarray(a)) for a in reference["accumulators"])
+    assert_like_one_device(
+        results(workers, optimizer_name, accumulate, configuration), reference)
+
+
+@keras3_only
+@pytest.mark.parametrize("accumulate", [0, 2])
+def test_stock_keras3_fit_fails_on_workers(accumulate):
+    """The control: what tfdtape mends fails on TensorFlow as it ships."""
+    found = results(2, "sgd", accumulate, "stock")
+    for result in found:
+        assert result["error"].startswith("ValueError: " + STOCK_BUILD_ERROR), result
+
+
+@pytest.mark.parametrize("configuration", ["stock", "tfdtape"])
+def test_tf_keras_fit_on_workers_matches_one_device_as_on_stock(configuration):
+    """tf_keras needs nothing mended; tfdtape changes nothing there."""
+    pytest.importorskip("tf_keras")
+    assert_like_one_device(results(2, "adam", 0, configuration, legacy=True),
+                           one_device("adam", 0, legacy=True))
