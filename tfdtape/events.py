@@ -145,15 +145,18 @@ class RefusalEvent:
 
 @dataclasses.dataclass(frozen=True)
 class WarningEvent:
-    """Something a program does that trains silently at the wrong scale
-    (`tfdtape.cli.scale_traps`).
+    """Something a program does that trains silently unlike one device
+    (`tfdtape.cli.scale_traps`, `tfdtape.cli.replica_clipping`).
 
     Attributes:
-        kind: what it is, one of `tfdtape.cli.scale_traps`' kinds.
+        kind: what it is, one of those modules' kinds.
         location: "file:line" of the call in the user's code.
+        subject: what it concerns where the kind names one (an optimizer and
+            its option), else None.
     """
     kind: str
     location: str
+    subject: str | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -328,10 +331,10 @@ def refused(error):
     return error
 
 
-def warn(kind, frame):
-    """Sends a WarningEvent of `kind`, located at the user's code from
-    `frame` outwards, to every open sink."""
-    event = WarningEvent(kind, call_sites.caller_location(frame))
+def warn(kind, frame, subject=None):
+    """Sends a WarningEvent of `kind` about `subject`, located at the user's
+    code from `frame` outwards, to every open sink."""
+    event = WarningEvent(kind, call_sites.caller_location(frame), subject)
     for sink in _open_sinks:
         sink.add_warning(event)
 

@@ -46,7 +46,8 @@ REPLICA_PLAIN = "plain variable in replica context"
 ONE_DEVICE = "cross-replica gradient on one device"
 REFUSAL = "refused by tfdtape"
 """The kinds of warning a snapshot lists, in this order, then those of
-`tfdtape.cli.scale_traps` (`run_report` explains each)."""
+`tfdtape.cli.scale_traps` and `tfdtape.cli.replica_clipping` (`run_report`
+explains each)."""
 
 
 class _Variable:
@@ -151,7 +152,7 @@ class EventCounts:
         self._replica_plain = {}  # entry -> [location of the first use, count]
         self._one_device = collections.Counter()  # location -> count, first seen first
         self._refusals = collections.Counter()  # (first line, location) -> count
-        self._scale_traps = collections.Counter()  # (kind, location) -> count
+        self._unlike_one_device = collections.Counter()  # (kind, location, subject) -> count
 
     def add_event(self, event):
         """Counts one events.WatchEvent under (variable, how, kind, context,
@@ -202,10 +203,10 @@ class EventCounts:
             self._refusals[(event.message, event.location)] += 1
 
     def add_warning(self, event):
-        """Counts one events.WarningEvent (a program training at the wrong
-        scale, `tfdtape.cli.scale_traps`)."""
+        """Counts one events.WarningEvent (a program training unlike one
+        device: `tfdtape.cli.scale_traps`, `tfdtape.cli.replica_clipping`)."""
         with self._lock:
-            self._scale_traps[(event.kind, event.location)] += 1
+            self._unlike_one_device[(event.kind, event.location, event.subject)] += 1
 
     def _entry(self, row, keras):
         entry = self._variables.entry(row)
@@ -284,8 +285,8 @@ class EventCounts:
             for (message, location), count in self._refusals.items()]
         warnings += [
             {"kind": kind, "variable": None, "id": None, "location": location,
-             "count": count}
-            for (kind, location), count in self._scale_traps.items()]
+             "count": count, **({"subject": subject} if subject else {})}
+            for (kind, location, subject), count in self._unlike_one_device.items()]
         return warnings
 
 

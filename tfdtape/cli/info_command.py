@@ -48,12 +48,14 @@ def run(args):
     print("patch targets (who holds each now, judged by identity):")
     for target in targets.patch_targets():
         print(f"  {target.symbol}: {_holder_text(target, targets)}")
+    from tfdtape.cli import replica_clipping
     from tfdtape.cli import scale_traps
     from tfdtape.cli import stock_observers
     print("scoped patch targets (held while `python -m tfdtape run` runs; "
           "--no-install: the observers):")
     for target in (stock_observers.observer_targets() +
-                   scale_traps.average_loss_targets()):
+                   scale_traps.average_loss_targets() +
+                   replica_clipping.clipping_targets()):
         if target.holder() != targets.MISSING:
             print(f"  {target.symbol}: {_holder_text(target, targets)}")
     return command_line.EXIT_PASSED

@@ -51,6 +51,14 @@ WARNING_ADVICE = {
         "already: the MEAN is 1/N of the loss over the global batch, and so "
         "is its gradient where the tape differentiates it. Reduce them with "
         "SUM (or take per-replica means, tf.reduce_mean, before a MEAN)"),
+    "clipping inside the replicas": (
+        "an optimizer with a clip option applied inside strategy.run under a "
+        "strategy of several replicas clips each replica's share of the "
+        "gradient before the all-reduce, so the step differs from one device "
+        "on the global batch. Take the tape around strategy.run and apply in "
+        "cross-replica context (tfdtape's gradient there is the total, clipped "
+        "as one device clips it), or all-reduce the gradients first and clip "
+        "the totals (tf.clip_by_global_norm) in an optimizer without the option"),
     "refused by tfdtape": (
         "errors tfdtape raised (a refusal rather than a silent wrong answer, "
         "or input it cannot take), whether the script caught them or not"),
@@ -305,6 +313,9 @@ def _warnings(warnings, relative, verbose):
             if kind == "plain variable in replica context":
                 text = (f"{item['variable']}: used {_times(item['count'])}, "
                         f"first at {relative(item['location'])}")
+            elif item.get("subject"):  # a replica thread of model.fit: no location
+                text = item["subject"] + ("" if item["location"] == "?" else
+                                          f": first at {relative(item['location'])}")
             elif kind == "refused by tfdtape":
                 text = (f"{_times(item['count'])} at {relative(item['location'])}: "
                         f"{item['message']}")

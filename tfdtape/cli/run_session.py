@@ -83,9 +83,11 @@ class RunRecording:
     def _put_in(self):
         """Installs tfdtape, or puts the stock observers in place."""
 
+        from tfdtape.cli import replica_clipping
         if self._observe_stock:
             from tfdtape.cli import stock_observers
             self._cleanup.enter_context(stock_observers.observe_stock())
+            self._cleanup.enter_context(replica_clipping.observe_replica_clipping())
             return
         import runpy
 
@@ -107,6 +109,7 @@ class RunRecording:
             log.disabled = quiet_before
         from tfdtape.cli import scale_traps
         self._cleanup.enter_context(scale_traps.observe_average_losses())
+        self._cleanup.enter_context(replica_clipping.observe_replica_clipping())
 
 
 def _check_policy(version):
