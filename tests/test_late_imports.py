@@ -5,6 +5,7 @@ import ast
 import os
 import subprocess
 import sys
+import types
 
 import pytest
 
@@ -70,3 +71,17 @@ def test_a_script_importing_keras_before_tensorflow_under_run_is_patched(
     assert completed.returncode == 0, completed.stderr
     holders = ast.literal_eval(completed.stdout.splitlines()[0])
     assert holders and set(holders) == {"tfdtape"}
+
+
+@pytest.mark.parametrize("name", ["TensorFlowTrainer", "Trainer"])
+def test_keras_trainer_is_found_under_either_name(monkeypatch, name):
+    """Keras 3.15 calls its TensorFlow trainer TensorFlowTrainer, keras-nightly
+    3.16 Trainer: the multi-worker patch finds it under both."""
+    from tfdtape import keras3_multi_worker
+    module = types.ModuleType(keras3_multi_worker.DEFINING_MODULE)
+    trainer = type(name, (), {"_maybe_symbolic_build": lambda self: None})
+    setattr(module, name, trainer)
+    monkeypatch.setitem(sys.modules, keras3_multi_worker.DEFINING_MODULE, module)
+    assert keras3_multi_worker.trainer_class() is trainer
+    setattr(module, name, type(name, (), {}))  # not the trainer: no build method
+    assert keras3_multi_worker.trainer_class() is None

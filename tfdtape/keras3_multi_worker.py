@@ -3,13 +3,14 @@
 Keras's TensorFlow trainer fails there before the first step, on stock
 TensorFlow (tensorflow#72388, keras-team/keras#20585), at two places:
 
-- `TensorFlowTrainer._maybe_symbolic_build` builds the model from the first
-  batch, reduced with `strategy.reduce("MEAN", batch, axis=None)` over the
-  whole `(x, y, sample_weight)` structure, which a strategy of several
-  workers cannot take ("Attempt to convert a value (PerReplica ...) to a
-  Tensor"). The build needs the batch's shapes and dtypes only: tfdtape's
-  version hands Keras this worker's first replica's share of each element
-  (the shape a replica sees, as the reduced mean has), with no collective.
+- the trainer's `_maybe_symbolic_build` (`TensorFlowTrainer`; `Trainer` in
+  keras-nightly) builds the model from the first batch, reduced with
+  `strategy.reduce("MEAN", batch, axis=None)` over the whole `(x, y,
+  sample_weight)` structure, which a strategy of several workers cannot
+  take ("Attempt to convert a value (PerReplica ...) to a Tensor"). The
+  build needs the batch's shapes and dtypes only: tfdtape's version hands
+  Keras this worker's first replica's share of each element (the shape a
+  replica sees, as the reduced mean has), with no collective.
 - `reduce_per_replica` reduces the logs with `strategy.reduce("MEAN", v,
   axis=0)` on several workers, which fails on a scalar ("Invalid reduction
   dimension 0 for input with 0 dimensions") and would average a vector
@@ -44,11 +45,19 @@ def trainer_module():
     return sys.modules.get(DEFINING_MODULE)
 
 
+TRAINER_NAMES = ("TensorFlowTrainer", "Trainer")
+"""The trainer class's name: `TensorFlowTrainer` up to Keras 3.15, `Trainer`
+in keras-nightly 3.16."""
+
+
 def trainer_class():
-    """Keras 3's `TensorFlowTrainer`, if loaded; else None."""
+    """Keras 3's TensorFlow trainer class, if loaded; else None."""
     module = trainer_module()
-    found = None if module is None else vars(module).get("TensorFlowTrainer")
-    return found if isinstance(found, type) else None
+    for name in TRAINER_NAMES if module is not None else ():
+        found = vars(module).get(name)
+        if isinstance(found, type) and BUILD_ATTRIBUTE in vars(found):
+            return found
+    return None
 
 
 def _first_share(element):
