@@ -32,6 +32,7 @@ from tfdtape import explaining
 from tfdtape import keras_variables
 from tfdtape import process_state
 from tfdtape import resolution
+from tfdtape.cli import mirrored_copies
 
 CONTAINER = "container"
 """Watched as its distributed container (replica context)."""
@@ -43,6 +44,7 @@ PLAIN = "plain"
 """A variable that belongs to no distributed container, watched as itself."""
 
 REPLICA_PLAIN = "plain variable in replica context"
+COPIES_DIFFER = "mirrored copies differ"
 ONE_DEVICE = "cross-replica gradient on one device"
 REFUSAL = "refused by tfdtape"
 """The kinds of warning a snapshot lists, in this order, then those of
@@ -106,6 +108,13 @@ class _Variables:
             self.entries.append(made)
         return made
 
+    def alive(self):
+        """[(entry, variable)] for every variable seen that is still alive,
+        in order of first sight."""
+        found = [(made, reference()) for reference, made in list(self._by_id.values())]
+        return sorted(((made, value) for made, value in found if value is not None),
+                      key=lambda pair: pair[0].serial)
+
     def names(self):
         """{entry: its unique name}: its label; where several variables share
         the label, the label and the type for a variable whose type is its
@@ -153,6 +162,7 @@ class EventCounts:
         self._one_device = collections.Counter()  # location -> count, first seen first
         self._refusals = collections.Counter()  # (first line, location) -> count
         self._unlike_one_device = collections.Counter()  # (kind, location, subject) -> count
+        self._differing_copies = []  # [(entry, mirrored_copies.Difference)]
 
     def add_event(self, event):
         """Counts one events.WatchEvent under (variable, how, kind, context,
@@ -207,6 +217,25 @@ class EventCounts:
         device: `tfdtape.cli.scale_traps`, `tfdtape.cli.replica_clipping`)."""
         with self._lock:
             self._unlike_one_device[(event.kind, event.location, event.subject)] += 1
+
+    def check_copies(self):
+        """Compares the copies of every mirrored variable seen that is still
+        alive (`tfdtape.cli.mirrored_copies`); those that differ are listed
+        among the warnings from then on. A variable that cannot be read (its
+        resources already freed) is passed over."""
+        with self._lock:
+            alive = [(entry, value) for entry, value in self._variables.alive()
+                     if mirrored_copies.is_mirrored(value)]
+        found = []
+        for entry, variable in alive:
+            try:
+                difference = mirrored_copies.differing_copies(variable)
+            except Exception:  # a freed or uninitialized variable: not judged
+                continue
+            if difference is not None:
+                found.append((entry, difference))
+        with self._lock:
+            self._differing_copies = found
 
     def _entry(self, row, keras):
         entry = self._variables.entry(row)
@@ -275,6 +304,10 @@ class EventCounts:
              "location": location, "count": count}
             for entry, (location, count) in sorted(
                 self._replica_plain.items(), key=lambda item: item[0].serial)]
+        warnings += [
+            {"kind": COPIES_DIFFER, "variable": names[entry], "id": entry.serial,
+             "location": "?", "count": 1, "subject": difference.describe()}
+            for entry, difference in self._differing_copies]
         warnings += [
             {"kind": ONE_DEVICE, "variable": None, "id": None,
              "location": location, "count": count}

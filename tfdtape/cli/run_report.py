@@ -59,6 +59,12 @@ WARNING_ADVICE = {
         "cross-replica context (tfdtape's gradient there is the total, clipped "
         "as one device clips it), or all-reduce the gradients first and clip "
         "the totals (tf.clip_by_global_norm) in an optimizer without the option"),
+    "mirrored copies differ": (
+        "at the end of the run, a mirrored variable's copies (one per replica, "
+        "written alike) hold different values, so the replicas train different "
+        "models from there on. Look for an update made inside strategy.run that "
+        "is not all-reduced (an assign of a per-replica value, an optimizer "
+        "created outside strategy.scope())"),
     "refused by tfdtape": (
         "errors tfdtape raised (a refusal rather than a silent wrong answer, "
         "or input it cannot take), whether the script caught them or not"),
@@ -313,6 +319,8 @@ def _warnings(warnings, relative, verbose):
             if kind == "plain variable in replica context":
                 text = (f"{item['variable']}: used {_times(item['count'])}, "
                         f"first at {relative(item['location'])}")
+            elif kind == "mirrored copies differ":
+                text = f"{item['variable']}: {item['subject']}"
             elif item.get("subject"):  # a replica thread of model.fit: no location
                 text = item["subject"] + ("" if item["location"] == "?" else
                                           f": first at {relative(item['location'])}")

@@ -57,6 +57,7 @@ class RunRecording:
         empty recording if TensorFlow was never imported."""
         if self.recorder is not None:
             from tfdtape.cli import event_counts
+            self.recorder.check_copies()
             snapshot = self.recorder.snapshot()
             return snapshot, event_counts.incomplete_reason(snapshot)
         from tfdtape.cli import run_report
