@@ -299,11 +299,12 @@ def same(found, expected):
     return bool(np.isclose(found, expected, rtol=1e-5, atol=1e-6))
 
 
-def classify(expected, stock, with_tfdtape, alone):
+def classify(expected, stock, with_tfdtape, alone, same=same):
     """The outcome (one of OUTCOMES) of a program whose oracle gave
     `expected`, from its runs on stock TensorFlow, with tfdtape and with
-    tfdtape alone (each a result, or an exception as `describe` gives it)."""
-    if not _same_outcome(with_tfdtape, alone):
+    tfdtape alone (each a result, or an exception as `describe` gives it);
+    `same(found, expected)` tells whether a result is the expected one."""
+    if not _same_outcome(with_tfdtape, alone, same):
         return "alone_differs"
     stock_right = expected != REFUSE and not _is_error(stock) and same(stock, expected)
     if _is_error(with_tfdtape):
@@ -352,7 +353,7 @@ def _is_error(result):
     return isinstance(result, dict) and "error" in result and "type" in result
 
 
-def _same_outcome(one, other):
+def _same_outcome(one, other, same):
     if _is_error(one) or _is_error(other):
         return one == other
     return same(one, other) and same(other, one)

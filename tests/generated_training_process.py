@@ -1,0 +1,203 @@
+"""Runs generated Keras training programs: one JSON line per program.
+
+    python tests/generated_training_process.py --devices N --seed S --cases K
+    python tests/generated_training_process.py --devices N --program SPEC
+
+Each program (`generated_training.TrainingProgram`) trains a fresh model on
+stock TensorFlow, with tfdtape, and with tfdtape alone (TensorFlow's native
+resolver off), and is classified against the oracle as
+`generated_programs.classify` does. The process splits the CPU into N
+virtual devices before TensorFlow starts; MirroredStrategy spans all N.
+With TF_CONFIG set the process is one worker of a MultiWorkerMirroredStrategy
+cluster (one device each) and runs the programs drawn for that strategy;
+every worker prints the same records, which the test compares (`--one-line`:
+all in one JSON list at the end). `--shrink` also prints, for each failing
+program, the one closest to `SIMPLEST` that still fails.
+"""
+
+import argparse
+import json
+import os
+import sys
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+os.environ["TFDTAPE_AUTOINSTALL"] = "0"
+
+import numpy as np
+import tensorflow as tf
+
+import generated_programs as gp
+import generated_training as gt
+from tfdtape import testing
+
+KERAS3 = not issubclass(getattr(tf.keras, "Variable", tf.Variable), tf.Variable)
+CONFIGURATIONS = {"stock": testing.stock, "tfdtape": testing.with_tfdtape,
+                  "alone": testing.tfdtape_alone}
+
+
+class Strategies:
+    """The process's strategies, each built once: none (the default
+    strategy), MirroredStrategy over `devices`, or the cluster's
+    MultiWorkerMirroredStrategy."""
+
+    def __init__(self, devices):
+        self._devices = devices
+        self._made = {}
+
+    def __getitem__(self, name):
+        if name not in self._made:
+            self._made[name] = {
+                "none": tf.distribute.get_strategy,
+                "mirrored": lambda: tf.distribute.MirroredStrategy(self._devices),
+                "multi_worker": tf.distribute.MultiWorkerMirroredStrategy,
+            }[name]()
+        return self._made[name]
+
+
+def build(program):
+    """A fresh Dense(1) model and its optimizer, built (under the caller's
+    scope)."""
+    keras = tf.keras
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(
+        1, kernel_initializer=keras.initializers.Constant(gt.KERNEL),
+        bias_initializer=keras.initializers.Constant(gt.BIAS))])
+    options = {}
+    if program.clipping != "none":
+        options[program.clipping] = gt.CLIP[program.clipping]
+    if program.accumulation:
+        options["gradient_accumulation_steps"] = program.accumulation
+    rate = gt.LEARNING_RATE[program.optimizer]
+    optimizer = (keras.optimizers.SGD(rate, **options) if program.optimizer == "sgd" else
+                 keras.optimizers.Adam(rate, beta_1=gt.BETA_1, beta_2=gt.BETA_2,
+                                       epsilon=gt.EPSILON, **options))
+    optimizer.build(model.trainable_variables)
+    return model, optimizer
+
+
+def copies(variable):
+    """Every component's value of a (Keras) variable, as NumPy arrays."""
+    inner = getattr(variable, "value", variable)
+    inner = variable if callable(inner) else inner  # tf_keras: a tf.Variable
+    return [np.asarray(c) for c in getattr(inner, "values", (inner,))]
+
+
+def train(program, strategy):
+    """The program's result: the kernel and bias (first copies), the
+    iteration counter and whether every copy of every weight agrees."""
+    with strategy.scope():
+        model, optimizer = build(program)
+        if program.loop == "fit":
+            model.compile(optimizer=optimizer, loss="mse")
+    if program.loop == "fit":
+        model.fit(gt.FEATURES, gt.LABELS, batch_size=gt.GLOBAL_BATCH, epochs=1,
+                  shuffle=False, verbose=0)
+    else:
+        step = make_step(program, strategy, model, optimizer)
+        with strategy.scope():
+            for index in range(gt.STEPS):
+                step(*shares(strategy, index))
+    weights = [copies(w) for w in model.trainable_variables]
+    agree = all(np.array_equal(c, found[0]) for found in weights for c in found)
+    return {"kernel": weights[0][0].ravel().tolist(), "bias": float(weights[1][0][0]),
+            "iterations": int(np.asarray(optimizer.iterations)), "copies_agree": agree}
+
+
+def shares(strategy, step):
+    """Step `step`'s global batch as per-replica values: replica r (over
+    every worker) holds the r-th contiguous share."""
+    rows = slice(step * gt.GLOBAL_BATCH, (step + 1) * gt.GLOBAL_BATCH)
+    features, labels = gt.FEATURES[rows], gt.LABELS[rows]
+    share = gt.GLOBAL_BATCH // strategy.num_replicas_in_sync
+
+    def part(context):
+        start = context.replica_id_in_sync_group * share
+        return (tf.constant(features[start:start + share]),
+                tf.constant(labels[start:start + share]))
+    return strategy.experimental_distribute_values_from_function(part)
+
+
+def make_step(program, strategy, model, optimizer):
+    """The tutorial step (tape and apply inside strategy.run) or the
+    spanning one (the tape around it, the apply after), traced or not."""
+    variables = model.trainable_variables
+    skip = {} if KERAS3 else {"skip_gradients_aggregation": True}
+
+    def loss_of(x, y):  # the replica's part of the global batch's mean
+        return tf.reduce_sum((model(x) - y) ** 2) / gt.GLOBAL_BATCH
+
+    def tutorial(x, y):
+        def replica(x, y):
+            with tf.GradientTape() as tape:
+                loss = loss_of(x, y)
+            optimizer.apply_gradients(zip(tape.gradient(loss, variables), variables))
+        strategy.run(replica, args=(x, y))
+
+    def spanning(x, y):
+        with tf.GradientTape() as tape:
+            loss = strategy.reduce("SUM", strategy.run(loss_of, args=(x, y)), axis=None)
+        optimizer.apply_gradients(zip(tape.gradient(loss, variables), variables), **skip)
+
+    step = tutorial if program.loop.startswith("tutorial") else spanning
+    return tf.function(step) if program.traced else step
+
+
+def run(program, strategies):
+    """`program`'s result in the current configuration, or its error."""
+    try:
+        return train(program, strategies[program.strategy])
+    except Exception as error:
+        return gp.describe(error)
+
+
+def run_one(program, strategies, replicas):
+    """One program in the three configurations, with its oracle and outcome."""
+    expected = gt.oracle(program, replicas, KERAS3)
+    found = {}
+    for name, configuration in CONFIGURATIONS.items():
+        with configuration():
+            found[name] = run(program, strategies)
+    outcome = gp.classify(expected, found["stock"], found["tfdtape"], found["alone"],
+                          same=gt.same)
+    return {"program": json.loads(program.spec()), "expected": expected,
+            "found": found, "outcome": outcome}
+
+
+def main(argv):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--devices", type=int, default=1)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--cases", type=int, default=0)
+    parser.add_argument("--program", action="append", default=[],
+                        help="a program's spec (JSON); may repeat")
+    parser.add_argument("--shrink", action="store_true")
+    parser.add_argument("--one-line", action="store_true",
+                        help="print every record in one JSON list at the end")
+    arguments = parser.parse_args(argv)
+    tf.get_logger().setLevel("ERROR")
+    cluster = json.loads(os.environ["TF_CONFIG"])["cluster"] if "TF_CONFIG" in os.environ else None
+    if cluster:  # the cluster's collectives are set up before the runtime starts
+        strategies = Strategies(None)
+        strategies["multi_worker"]
+    else:
+        strategies = Strategies(testing.virtual_cpus(arguments.devices))
+    replicas = len(cluster["worker"]) if cluster else arguments.devices
+    programs = [gt.TrainingProgram.from_spec(spec) for spec in arguments.program]
+    programs += gt.generate(arguments.seed, arguments.cases, keras3=KERAS3,
+                            strategies=("multi_worker",) if cluster else ("mirrored", "none"))
+    records = []
+    for program in programs:
+        record = run_one(program, strategies, replicas)
+        if arguments.shrink and record["outcome"] not in gp.PASSING:
+            record["shrunk"] = json.loads(gt.shrink(
+                program, lambda candidate: run_one(candidate, strategies, replicas)[
+                    "outcome"] not in gp.PASSING).spec())
+        if arguments.one_line:
+            records.append(record)
+        else:
+            print(json.dumps(record), flush=True)
+    if arguments.one_line:
+        print(json.dumps(records))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

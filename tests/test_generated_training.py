@@ -1,0 +1,167 @@
+"""Generated Keras training programs against an oracle that knows nothing
+of tfdtape (`generated_training`: NumPy's math of one device on the global
+batch): `fit`, the tutorial step and the tape around `strategy.run` (eager
+and traced) × SGD and Adam × Keras 3's gradient accumulation × the clip
+options × no strategy, MirroredStrategy over 1, 2 and 4 virtual CPUs, and
+MultiWorkerMirroredStrategy over 2 and 3 workers on loopback.
+
+Each program trains on stock TensorFlow, with tfdtape and with tfdtape
+alone, and is classified as `generated_programs.classify` does: the test
+fails on any outcome but "right", "clear_error" and "stock_fails_alike",
+listing the failing programs (and, shrunk, the fewest choices that still
+fail) as specs that `generated_training_process.py --program SPEC` replays.
+On several workers every worker's results must also be equal, bitwise. The
+counts per outcome and per dimension are printed (`pytest -s`).
+"""
+
+import collections
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import generated_programs as gp
+import generated_training as gt
+import loopback
+from test_generated_programs import HERE
+from test_generated_programs import search_size
+
+CI_CASES = 24
+"""Programs per device layout in CI: about 25 s of a subprocess each."""
+CLUSTER_CASES = 10
+LAYOUTS = (1, 2, 4)
+TIME_LIMIT = 1200
+
+
+def run_layout(devices, seed, cases):
+    """The records the subprocess prints for one layout."""
+    environment = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3",
+                       PYTHONPATH=os.pathsep.join([str(HERE), *sys.path]))
+    completed = subprocess.run(
+        [sys.executable, str(HERE / "generated_training_process.py"),
+         "--devices", str(devices), "--seed", str(seed), "--cases", str(cases),
+         "--shrink"], capture_output=True, text=True, env=environment,
+        timeout=TIME_LIMIT, check=False)
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    return [json.loads(line) for line in completed.stdout.splitlines()]
+
+
+def stock_wrong(record):
+    return record["outcome"] == "right" and not gt.same(
+        record["found"]["stock"], record["expected"])
+
+
+def summary(records, where):
+    """Counts per outcome, and per dimension's choice, as text."""
+    lines = [f"{len(records)} training programs on {where}: " +
+             ", ".join(f"{outcome} {count}" for outcome, count in
+                       collections.Counter(r["outcome"] for r in records).most_common()),
+             f"  right with tfdtape where stock is not: {sum(map(stock_wrong, records))}"]
+    for name in gt.DIMENSIONS:
+        counts = collections.defaultdict(collections.Counter)
+        for record in records:
+            counts[record["program"][name]][record["outcome"]] += 1
+        lines.append(f"  {name}: " + "; ".join(
+            f"{choice} " + "/".join(f"{o} {n}" for o, n in sorted(c.items()))
+            for choice, c in sorted(counts.items(), key=lambda item: str(item[0]))))
+    return "\n".join(lines)
+
+
+def assert_passing(records):
+    failing = [r for r in records if r["outcome"] not in gp.PASSING]
+    assert not failing, "\n\n".join(
+        f"{r['outcome']}: {json.dumps(r['program'])}\n  shrunk: "
+        f"{json.dumps(r.get('shrunk'))}\n  expected: {r['expected']}\n  "
+        f"found: {json.dumps(r['found'])[:1500]}" for r in failing[:10])
+
+
+@pytest.mark.parametrize("devices", LAYOUTS, ids=lambda d: f"{d}_cpus")
+def test_generated_training_trains_like_one_device_or_fails_clearly(request, devices):
+    seed, _ = search_size(request.config)
+    cases = request.config.getoption("fuzz_cases") or CI_CASES
+    records = run_layout(devices, seed, cases)
+    assert len(records) == cases
+    print("\n" + summary(records, f"{devices} virtual CPU(s)"))
+    assert_passing(records)
+    # The search tells stock from tfdtape (stock fails the tape around
+    # strategy.run, and accumulation in fit and traced steps).
+    assert any(map(stock_wrong, records))
+    if devices > 1:  # both of the oracle's branches were taken and met
+        clipped = [gt.clips_inside_replicas(gt.TrainingProgram(**r["program"]), devices, True)
+                   for r in records if r["outcome"] == "right"]
+        assert True in clipped and False in clipped
+
+
+@pytest.mark.cluster
+@pytest.mark.parametrize("workers", [2, 3])
+def test_generated_training_on_workers_trains_like_one_device(request, workers):
+    seed, _ = search_size(request.config)
+    outputs = loopback.run_processes(
+        loopback.worker_configs(workers),
+        [str(HERE / "generated_training_process.py"), "--seed", str(seed + workers),
+         "--cases", str(CLUSTER_CASES), "--one-line"], TIME_LIMIT)
+    records = outputs[0]
+    assert len(records) == CLUSTER_CASES
+    print("\n" + summary(records, f"{workers} workers"))
+    for other in outputs[1:]:  # every worker's results, bitwise
+        assert [r["found"] for r in other] == [r["found"] for r in records]
+    assert_passing(records)
+    assert any(map(stock_wrong, records))
+
+
+def program(**choices):
+    return gt.TrainingProgram(**dict(gt.SIMPLEST, **choices))
+
+
+def test_the_oracle_is_one_device_whatever_the_replicas_without_a_clip_inside():
+    one = gt.oracle(program(strategy="none"), 1, True)
+    for replicas in (2, 4):
+        assert gt.oracle(program(), replicas, True) == one
+        assert gt.oracle(program(loop="tutorial", clipping="clipnorm", accumulation=2),
+                         replicas, True) == gt.oracle(program(
+                             strategy="none", clipping="clipnorm", accumulation=2), 1, True)
+    assert one["iterations"] == gt.STEPS and one["copies_agree"] is True
+
+
+def test_the_oracle_works_one_sgd_step_out_by_hand():
+    """After one SGD step from (KERNEL, BIAS): minus the rate times the
+    gradient of the first batch's mean squared error."""
+    x = gt.FEATURES[:gt.GLOBAL_BATCH].astype(np.float64)
+    y = gt.LABELS[:gt.GLOBAL_BATCH].astype(np.float64)
+    error = x @ gt.KERNEL + gt.BIAS - y
+    kernel = gt.KERNEL - 0.1 * 2 * x.T @ error / len(x)
+    bias = gt.BIAS - 0.1 * 2 * error.mean()
+    steps, gt.STEPS = gt.STEPS, 1
+    try:
+        found = gt.oracle(program(strategy="none"), 1, True)
+    finally:
+        gt.STEPS = steps
+    np.testing.assert_allclose(found["kernel"], kernel.ravel(), rtol=1e-12)
+    assert found["bias"] == pytest.approx(bias[0], rel=1e-12)
+
+
+def test_clipping_inside_the_replicas_is_not_one_device():
+    inside = program(loop="tutorial", clipping="global_clipnorm")
+    assert gt.clips_inside_replicas(inside, 2, keras3=True)
+    assert not gt.clips_inside_replicas(inside, 2, keras3=False)  # tf_keras all-reduces first
+    assert not gt.clips_inside_replicas(inside, 1, keras3=True)
+    assert gt.oracle(inside, 2, True)["kernel"] != gt.oracle(inside, 1, True)["kernel"]
+    for clipping in ("clipnorm", "clipvalue"):
+        clipped = program(loop="fit", clipping=clipping)
+        assert gt.oracle(clipped, 4, True) != gt.oracle(clipped, 1, True)
+
+
+def test_accumulation_updates_every_second_step():
+    accumulated = gt.oracle(program(strategy="none", accumulation=2), 1, True)
+    assert accumulated["iterations"] == gt.STEPS // 2
+    assert accumulated != gt.oracle(program(strategy="none"), 1, True)
+
+
+def test_a_failure_shrinks_towards_the_simplest_program_keeping_the_strategy():
+    failing = program(loop="fit", optimizer="adam", accumulation=2, clipping="clipvalue",
+                      strategy="multi_worker")
+    shrunk = gt.shrink(failing, lambda p: p.accumulation == 2)
+    assert shrunk == program(accumulation=2, strategy="multi_worker")
