@@ -131,9 +131,10 @@ def test_the_oracle_works_one_sgd_step_out_by_hand():
     gradient of the first batch's mean squared error."""
     x = gt.FEATURES[:gt.GLOBAL_BATCH].astype(np.float64)
     y = gt.LABELS[:gt.GLOBAL_BATCH].astype(np.float64)
-    error = x @ gt.KERNEL + gt.BIAS - y
-    kernel = gt.KERNEL - 0.1 * 2 * x.T @ error / len(x)
-    bias = gt.BIAS - 0.1 * 2 * error.mean()
+    start_kernel, start_bias = gt.KERNEL.astype(np.float64), gt.BIAS.astype(np.float64)
+    error = x @ start_kernel + start_bias - y
+    kernel = start_kernel - 0.1 * 2 * x.T @ error / len(x)
+    bias = start_bias - 0.1 * 2 * error.mean()
     steps, gt.STEPS = gt.STEPS, 1
     try:
         found = gt.oracle(program(strategy="none"), 1, True)
