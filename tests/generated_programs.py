@@ -23,6 +23,7 @@ shrinking would give.
 
 import dataclasses
 import json
+import os
 import random
 import re
 
@@ -280,6 +281,15 @@ def _with_unused(program, gradient):
         return gradient
     zeros = _shaped(program, 0.0, 0.0)
     return [gradient, zeros if program.unconnected == "zero_extra" else None]
+
+
+def search_size(config, ci_seed, ci_cases):
+    """(seed, cases per layout) for a generated-program test: from pytest's
+    `--fuzz-seed` / `--fuzz-cases` (or TFDTAPE_FUZZ_SEED and
+    TFDTAPE_FUZZ_CASES), else CI's `ci_seed` and `ci_cases`."""
+    seed = config.getoption("fuzz_seed") or os.environ.get("TFDTAPE_FUZZ_SEED")
+    cases = config.getoption("fuzz_cases") or os.environ.get("TFDTAPE_FUZZ_CASES")
+    return (int(seed) if seed else ci_seed), (int(cases) if cases else ci_cases)
 
 
 # Classification ----------------------------------------------------------

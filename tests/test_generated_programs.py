@@ -34,13 +34,6 @@ LAYOUTS = (1, 2, 4)
 TIME_LIMIT = 1800
 
 
-def search_size(config):
-    """(seed, cases per layout) from the options, the environment or CI's."""
-    seed = config.getoption("fuzz_seed") or os.environ.get("TFDTAPE_FUZZ_SEED")
-    cases = config.getoption("fuzz_cases") or os.environ.get("TFDTAPE_FUZZ_CASES")
-    return (int(seed) if seed else CI_SEED), (int(cases) if cases else CI_CASES)
-
-
 def run_layout(devices, seed, cases):
     """The records the subprocess prints for one layout."""
     environment = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3",
@@ -79,7 +72,7 @@ def summary(records, devices):
 @pytest.mark.parametrize("devices", LAYOUTS, ids=lambda d: f"{d}_cpus")
 def test_generated_programs_give_the_right_value_or_a_clear_error(
         request, devices):
-    seed, cases = search_size(request.config)
+    seed, cases = gp.search_size(request.config, CI_SEED, CI_CASES)
     records = run_layout(devices, seed, cases)
     assert len(records) == cases
     print("\n" + summary(records, devices))

@@ -17,6 +17,7 @@ counts per outcome and per dimension are printed (`pytest -s`).
 import collections
 import json
 import os
+import pathlib
 import subprocess
 import sys
 
@@ -26,9 +27,9 @@ import pytest
 import generated_programs as gp
 import generated_training as gt
 import loopback
-from test_generated_programs import HERE
-from test_generated_programs import search_size
 
+HERE = pathlib.Path(__file__).resolve().parent
+CI_SEED = 22
 CI_CASES = 24
 """Programs per device layout in CI: about 25 s of a subprocess each."""
 CLUSTER_CASES = 10
@@ -80,8 +81,7 @@ def assert_passing(records):
 
 @pytest.mark.parametrize("devices", LAYOUTS, ids=lambda d: f"{d}_cpus")
 def test_generated_training_trains_like_one_device_or_fails_clearly(request, devices):
-    seed, _ = search_size(request.config)
-    cases = request.config.getoption("fuzz_cases") or CI_CASES
+    seed, cases = gp.search_size(request.config, CI_SEED, CI_CASES)
     records = run_layout(devices, seed, cases)
     assert len(records) == cases
     print("\n" + summary(records, f"{devices} virtual CPU(s)"))
@@ -98,7 +98,7 @@ def test_generated_training_trains_like_one_device_or_fails_clearly(request, dev
 @pytest.mark.cluster
 @pytest.mark.parametrize("workers", [2, 3])
 def test_generated_training_on_workers_trains_like_one_device(request, workers):
-    seed, _ = search_size(request.config)
+    seed, _ = gp.search_size(request.config, CI_SEED, CI_CASES)
     outputs = loopback.run_processes(
         loopback.worker_configs(workers),
         [str(HERE / "generated_training_process.py"), "--seed", str(seed + workers),
