@@ -1,10 +1,10 @@
 """Clipping inside the replicas (tfdtape.cli.replica_clipping): a Keras 3
 optimizer with a clip option applied inside strategy.run under several
-replicas clips each replica's share before the all-reduce, so the step
-differs from one device; the run report says so once per optimizer, naming
-it and its option, and says nothing where the clip is the one device's
-(the tape around strategy.run, accumulation under tfdtape, one replica, no
-clip option).
+replicas clips each replica's share before the all-reduce, so once a share
+is clipped the step differs from one device; the run report says so once
+per optimizer, naming it and its option, and says nothing where the clip
+is the one device's (the tape around strategy.run, accumulation under
+tfdtape, one replica, no clip option).
 
 In-process with a recorder (as `python -m tfdtape run` has one) on
 MirroredStrategy(4) in every configuration (the warning is also
@@ -200,4 +200,4 @@ def test_the_run_report_names_the_optimizer_of_fit_and_of_the_tutorial_step(tmp_
     summary = " ".join(summary_of(completed.stderr).split())
     assert "Warnings: 2" in summary
     assert "SGD 'sgd' (global_clipnorm=0.5): first at replica_clipping.py:" in summary
-    assert "or all-reduce the gradients first and clip the totals" in summary
+    assert "or all-reduce first and clip the totals" in summary

@@ -5,7 +5,8 @@ Keras 3 clips (`clipnorm`, `global_clipnorm`, `clipvalue`) in `apply`,
 before its update all-reduces the gradients; applied inside `strategy.run`
 (TensorFlow's tutorial step, `model.fit`) under a strategy of several
 replicas, each replica's share of the gradient is clipped on its own, and
-the step differs from one device on the global batch (tensorflow#33929,
+once a share is clipped the step differs from one device on the global
+batch (warned whether or not a clip happened) (tensorflow#33929,
 horovod#1346). Clipping in cross-replica context (a tape around
 `strategy.run` applied outside it, or Keras 3's accumulation under tfdtape)
 clips the totals, as one device does. tf_keras optimizers all-reduce before

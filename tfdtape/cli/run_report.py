@@ -52,19 +52,16 @@ WARNING_ADVICE = {
         "is its gradient where the tape differentiates it. Reduce them with "
         "SUM (or take per-replica means, tf.reduce_mean, before a MEAN)"),
     "clipping inside the replicas": (
-        "an optimizer with a clip option applied inside strategy.run under a "
-        "strategy of several replicas clips each replica's share of the "
-        "gradient before the all-reduce, so the step differs from one device "
-        "on the global batch. Take the tape around strategy.run and apply in "
-        "cross-replica context (tfdtape's gradient there is the total, clipped "
-        "as one device clips it), or all-reduce the gradients first and clip "
-        "the totals (tf.clip_by_global_norm) in an optimizer without the option"),
+        "clipped inside strategy.run under several replicas, each replica's "
+        "share of the gradient is clipped before the all-reduce: once a share "
+        "is clipped, the step differs from one device. Take the tape around "
+        "strategy.run and apply after it (the total is clipped), or all-reduce "
+        "first and clip the totals"),
     "mirrored copies differ": (
         "at the end of the run, a mirrored variable's copies (one per replica, "
         "written alike) hold different values, so the replicas train different "
         "models from there on. Look for an update made inside strategy.run that "
-        "is not all-reduced (an assign of a per-replica value, an optimizer "
-        "created outside strategy.scope())"),
+        "is not all-reduced (an assign of a per-replica value)"),
     "refused by tfdtape": (
         "errors tfdtape raised (a refusal rather than a silent wrong answer, "
         "or input it cannot take), whether the script caught them or not"),
