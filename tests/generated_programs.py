@@ -18,14 +18,20 @@ subprocess per device layout, many per process, and the outcome counts per
 seed are what CI and the closing notes compare; each program prints as one
 line (`Program.spec`) that `run_one` replays, and `shrink` reduces a failure
 to the fewest choices away from `SIMPLEST` that still fail, which is what
-shrinking would give.
+shrinking would give. The classification, the shrinking and the running of
+a generator's process (`run_generator`, `outcome_summary`, `failures`) are
+shared with the generated Keras training programs (`generated_training`).
 """
 
+import collections
 import dataclasses
 import json
 import os
+import pathlib
 import random
 import re
+import subprocess
+import sys
 
 import numpy as np
 
@@ -83,8 +89,20 @@ REFUSE = "refuse"
 error is right."""
 
 
+class Spec:
+    """A frozen dataclass of choices that prints as one line of JSON."""
+
+    def spec(self):
+        """One line of JSON that `from_spec` reads back."""
+        return json.dumps(dataclasses.asdict(self), sort_keys=True)
+
+    @classmethod
+    def from_spec(cls, text):
+        return cls(**json.loads(text))
+
+
 @dataclasses.dataclass(frozen=True)
-class Program:
+class Program(Spec):
     strategy: str
     variable: str
     tape: str
@@ -101,14 +119,6 @@ class Program:
     reduction: str = "default"
     collective: str = "none"
     apply: str = "where_taken"
-
-    def spec(self):
-        """One line of JSON that `Program.from_spec` reads back."""
-        return json.dumps(dataclasses.asdict(self), sort_keys=True)
-
-    @classmethod
-    def from_spec(cls, text):
-        return cls(**json.loads(text))
 
     @property
     def in_replica(self):
@@ -177,14 +187,23 @@ def shrink(program, fails):
     """The program closest to SIMPLEST (fewest choices away) reached from
     `program` by setting one choice at a time to SIMPLEST's, for which
     `fails(program)` still holds."""
+    return shrink_towards(program, SIMPLEST,
+                          lambda candidate: valid(candidate) and fails(candidate),
+                          adjust=pinned)
+
+
+def shrink_towards(program, simplest, fails, adjust=lambda program: program):
+    """The program reached from `program` by setting one choice at a time
+    to `simplest`'s (a {dimension: choice} of the dimensions to shrink),
+    each candidate passed through `adjust`, while `fails(candidate)`."""
     changed = True
     while changed:
         changed = False
-        for name, simplest in SIMPLEST.items():
-            if getattr(program, name) == simplest:
+        for name, choice in simplest.items():
+            if getattr(program, name) == choice:
                 continue
-            candidate = pinned(dataclasses.replace(program, **{name: simplest}))
-            if candidate != program and valid(candidate) and fails(candidate):
+            candidate = adjust(dataclasses.replace(program, **{name: choice}))
+            if candidate != program and fails(candidate):
                 program, changed = candidate, True
     return program
 
@@ -283,15 +302,6 @@ def _with_unused(program, gradient):
     return [gradient, zeros if program.unconnected == "zero_extra" else None]
 
 
-def search_size(config, ci_seed, ci_cases):
-    """(seed, cases per layout) for a generated-program test: from pytest's
-    `--fuzz-seed` / `--fuzz-cases` (or TFDTAPE_FUZZ_SEED and
-    TFDTAPE_FUZZ_CASES), else CI's `ci_seed` and `ci_cases`."""
-    seed = config.getoption("fuzz_seed") or os.environ.get("TFDTAPE_FUZZ_SEED")
-    cases = config.getoption("fuzz_cases") or os.environ.get("TFDTAPE_FUZZ_CASES")
-    return (int(seed) if seed else ci_seed), (int(cases) if cases else ci_cases)
-
-
 # Classification ----------------------------------------------------------
 
 
@@ -367,3 +377,65 @@ def _same_outcome(one, other, same):
     if _is_error(one) or _is_error(other):
         return one == other
     return same(one, other) and same(other, one)
+
+
+# Running a generator ----------------------------------------------------
+
+
+def run_generator(script, devices, seed, cases, time_limit):
+    """The records `script` (a generator's process beside this module, with
+    `--devices`, `--seed`, `--cases` and `--shrink`) prints for one device
+    layout, one JSON line each."""
+    here = pathlib.Path(__file__).resolve().parent
+    environment = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3",
+                       PYTHONPATH=os.pathsep.join([str(here), *sys.path]))
+    completed = subprocess.run(
+        [sys.executable, str(here / script), "--devices", str(devices),
+         "--seed", str(seed), "--cases", str(cases), "--shrink"],
+        capture_output=True, text=True, env=environment, timeout=time_limit,
+        check=False)
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    return [json.loads(line) for line in completed.stdout.splitlines()]
+
+
+def stock_wrong(record, same=same):
+    """Whether tfdtape was right where stock TensorFlow was not."""
+    return record["outcome"] == "right" and not same(record["found"]["stock"],
+                                                     record["expected"])
+
+
+def outcome_summary(records, where, dimensions, same=same, notes=()):
+    """Counts per outcome, the `notes` lines, and counts per dimension's
+    choice, as text."""
+    lines = [f"{len(records)} {where}: " +
+             ", ".join(f"{outcome} {count}" for outcome, count in
+                       collections.Counter(r["outcome"] for r in records).most_common()),
+             "  right with tfdtape where stock is not: "
+             f"{sum(stock_wrong(r, same) for r in records)}", *notes]
+    for name in dimensions:
+        counts = collections.defaultdict(collections.Counter)
+        for record in records:
+            counts[record["program"][name]][record["outcome"]] += 1
+        lines.append(f"  {name}: " + "; ".join(
+            f"{choice} " + "/".join(f"{o} {n}" for o, n in sorted(c.items()))
+            for choice, c in sorted(counts.items(), key=lambda item: str(item[0]))))
+    return "\n".join(lines)
+
+
+def failures(records):
+    """The records whose outcome is not PASSING, described for an assertion
+    message (their first ten), or "" where there is none."""
+    failing = [r for r in records if r["outcome"] not in PASSING]
+    return "\n\n".join(
+        f"{r['outcome']}: {json.dumps(r['program'])}\n  shrunk: "
+        f"{json.dumps(r.get('shrunk'))}\n  expected: {r['expected']}\n  "
+        f"found: {json.dumps(r['found'])[:1500]}" for r in failing[:10])
+
+
+def search_size(config, ci_seed, ci_cases):
+    """(seed, cases per layout) for a generated-program test: from pytest's
+    `--fuzz-seed` / `--fuzz-cases` (or TFDTAPE_FUZZ_SEED and
+    TFDTAPE_FUZZ_CASES), else CI's `ci_seed` and `ci_cases`."""
+    seed = config.getoption("fuzz_seed") or os.environ.get("TFDTAPE_FUZZ_SEED")
+    cases = config.getoption("fuzz_cases") or os.environ.get("TFDTAPE_FUZZ_CASES")
+    return (int(seed) if seed else ci_seed), (int(cases) if cases else ci_cases)

@@ -25,10 +25,11 @@ before they clip.
 """
 
 import dataclasses
-import json
 import random
 
 import numpy as np
+
+import generated_programs as gp
 
 GLOBAL_BATCH = 12
 STEPS = 4
@@ -55,20 +56,12 @@ SIMPLEST = {name: choices[0] for name, choices in DIMENSIONS.items()}
 
 
 @dataclasses.dataclass(frozen=True)
-class TrainingProgram:
+class TrainingProgram(gp.Spec):
     loop: str
     optimizer: str
     accumulation: int
     clipping: str
     strategy: str
-
-    def spec(self):
-        """One line of JSON that `TrainingProgram.from_spec` reads back."""
-        return json.dumps(dataclasses.asdict(self), sort_keys=True)
-
-    @classmethod
-    def from_spec(cls, text):
-        return cls(**json.loads(text))
 
     @property
     def traced(self):
@@ -92,17 +85,8 @@ def generate(seed, count, strategies=("mirrored", "none"), keras3=True):
 def shrink(program, fails):
     """The program closest to `SIMPLEST` (fewest choices away from it) that
     still `fails`, moving one choice at a time; the strategy is kept."""
-    current = program
-    moved = True
-    while moved:
-        moved = False
-        for name, simplest in SIMPLEST.items():
-            if name == "strategy" or getattr(current, name) == simplest:
-                continue
-            candidate = dataclasses.replace(current, **{name: simplest})
-            if fails(candidate):
-                current, moved = candidate, True
-    return current
+    return gp.shrink_towards(program, {name: choice for name, choice in SIMPLEST.items()
+                                       if name != "strategy"}, fails)
 
 
 # The oracle ------------------------------------------------------------------

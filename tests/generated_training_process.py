@@ -28,11 +28,12 @@ import tensorflow as tf
 
 import generated_programs as gp
 import generated_training as gt
+from generated_programs_process import CONFIGURATIONS
+from keras_models import copies
+from keras_models import is_keras3
 from tfdtape import testing
 
-KERAS3 = not issubclass(getattr(tf.keras, "Variable", tf.Variable), tf.Variable)
-CONFIGURATIONS = {"stock": testing.stock, "tfdtape": testing.with_tfdtape,
-                  "alone": testing.tfdtape_alone}
+KERAS3 = is_keras3(tf.keras)
 
 
 class Strategies:
@@ -72,13 +73,6 @@ def build(program):
                                        epsilon=gt.EPSILON, **options))
     optimizer.build(model.trainable_variables)
     return model, optimizer
-
-
-def copies(variable):
-    """Every component's value of a (Keras) variable, as NumPy arrays."""
-    inner = getattr(variable, "value", variable)
-    inner = variable if callable(inner) else inner  # tf_keras: a tf.Variable
-    return [np.asarray(c) for c in getattr(inner, "values", (inner,))]
 
 
 def train(program, strategy):

@@ -39,6 +39,13 @@ def tf_variable(variable):
     return variable if isinstance(variable, tf.Variable) else variable.value
 
 
+def copies(variable):
+    """Every local component's value of a (Keras) variable, as NumPy arrays:
+    one per replica of a distributed variable, else the one value."""
+    inner = tf_variable(variable)
+    return [np.asarray(component) for component in getattr(inner, "values", (inner,))]
+
+
 def embedding_model(keras):
     """Embedding -> Flatten -> Dense(5, tanh) -> Dense(1), fixed weights.
 

@@ -20,6 +20,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 import numpy as np
 import tensorflow as tf
 
+from keras_models import copies
 from tfdtape import testing
 
 GLOBAL_BATCH = 12
@@ -42,11 +43,9 @@ def build(optimizer_name, accumulate):
     return model, optimizer
 
 
-def copies(variable):
+def as_lists(variable):
     """Every component's value of a (Keras) variable, as lists."""
-    inner = getattr(variable, "value", variable)
-    inner = variable if callable(inner) else inner  # tf_keras: a tf.Variable
-    return [np.asarray(c).tolist() for c in getattr(inner, "values", (inner,))]
+    return [copy.tolist() for copy in copies(variable)]
 
 
 def accumulators(optimizer):
@@ -62,8 +61,8 @@ def train(optimizer_name, accumulate):
     evaluated = model.evaluate(FEATURES, LABELS, batch_size=GLOBAL_BATCH, verbose=0)
     predicted = model.predict(FEATURES, batch_size=GLOBAL_BATCH, verbose=0)
     return {
-        "weights": [copies(w) for w in model.trainable_variables],
-        "accumulators": [copies(a) for a in accumulators(optimizer)],
+        "weights": [as_lists(w) for w in model.trainable_variables],
+        "accumulators": [as_lists(a) for a in accumulators(optimizer)],
         "iterations": int(optimizer.iterations.numpy()),
         "losses": [float(x) for x in history.history["loss"]],
         "evaluated": float(evaluated),

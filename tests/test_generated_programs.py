@@ -14,19 +14,12 @@ The seed and the number of programs per layout are CI's by default;
 TFDTAPE_FUZZ_SEED) run longer searches by hand.
 """
 
-import collections
 import dataclasses
-import json
-import os
-import pathlib
-import subprocess
-import sys
 
 import pytest
 
 import generated_programs as gp
 
-HERE = pathlib.Path(__file__).resolve().parent
 CI_SEED = 22
 CI_CASES = 120
 """Programs per layout in CI: about 40 s of a subprocess each."""
@@ -34,56 +27,22 @@ LAYOUTS = (1, 2, 4)
 TIME_LIMIT = 1800
 
 
-def run_layout(devices, seed, cases):
-    """The records the subprocess prints for one layout."""
-    environment = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3",
-                       PYTHONPATH=os.pathsep.join(
-                           [str(HERE), *sys.path]))
-    completed = subprocess.run(
-        [sys.executable, str(HERE / "generated_programs_process.py"),
-         "--devices", str(devices), "--seed", str(seed), "--cases", str(cases),
-         "--shrink"], capture_output=True, text=True, env=environment,
-        timeout=TIME_LIMIT, check=False)
-    assert completed.returncode == 0, completed.stderr[-3000:]
-    return [json.loads(line) for line in completed.stdout.splitlines()]
-
-
-def summary(records, devices):
-    """Counts per outcome, and per dimension's choice, as text."""
-    lines = [f"{len(records)} programs on {devices} virtual CPU(s): " +
-             ", ".join(f"{outcome} {count}" for outcome, count in
-                       collections.Counter(r["outcome"] for r in records).most_common())]
-    stock_wrong = sum(r["outcome"] == "right" and not gp.same(
-        r["found"]["stock"], r["expected"]) for r in records)
-    lines.append(f"  right with tfdtape where stock is not: {stock_wrong}")
-    refused_values = sum(r["outcome"] != "right" and r["expected"] != gp.REFUSE
-                         for r in records)
-    lines.append(f"  errors where the oracle has a value: {refused_values}")
-    for name in gp.DIMENSIONS:
-        counts = collections.defaultdict(collections.Counter)
-        for record in records:
-            counts[record["program"][name]][record["outcome"]] += 1
-        lines.append(f"  {name}: " + "; ".join(
-            f"{choice} " + "/".join(f"{o} {n}" for o, n in sorted(c.items()))
-            for choice, c in sorted(counts.items(), key=lambda item: str(item[0]))))
-    return "\n".join(lines)
-
-
 @pytest.mark.parametrize("devices", LAYOUTS, ids=lambda d: f"{d}_cpus")
 def test_generated_programs_give_the_right_value_or_a_clear_error(
         request, devices):
     seed, cases = gp.search_size(request.config, CI_SEED, CI_CASES)
-    records = run_layout(devices, seed, cases)
+    records = gp.run_generator("generated_programs_process.py", devices, seed, cases,
+                               TIME_LIMIT)
     assert len(records) == cases
-    print("\n" + summary(records, devices))
-    failing = [r for r in records if r["outcome"] not in gp.PASSING]
-    assert not failing, "\n\n".join(
-        f"{r['outcome']}: {json.dumps(r['program'])}\n  shrunk: "
-        f"{json.dumps(r.get('shrunk'))}\n  expected: {r['expected']}\n  "
-        f"found: {json.dumps(r['found'])[:1500]}" for r in failing[:10])
+    refused_values = sum(r["outcome"] != "right" and r["expected"] != gp.REFUSE
+                         for r in records)
+    print("\n" + gp.outcome_summary(
+        records, f"programs on {devices} virtual CPU(s)", gp.DIMENSIONS,
+        notes=[f"  errors where the oracle has a value: {refused_values}"]))
+    failing = gp.failures(records)
+    assert not failing, failing
     if devices > 1:  # The search tells stock from tfdtape.
-        assert any(r["outcome"] == "right" and not gp.same(
-            r["found"]["stock"], r["expected"]) for r in records)
+        assert any(map(gp.stock_wrong, records))
 
 
 def test_the_oracle_works_the_sum_over_replicas_out_on_one_device():

@@ -14,12 +14,7 @@ On several workers every worker's results must also be equal, bitwise. The
 counts per outcome and per dimension are printed (`pytest -s`).
 """
 
-import collections
-import json
-import os
 import pathlib
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -37,55 +32,24 @@ LAYOUTS = (1, 2, 4)
 TIME_LIMIT = 1200
 
 
-def run_layout(devices, seed, cases):
-    """The records the subprocess prints for one layout."""
-    environment = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3",
-                       PYTHONPATH=os.pathsep.join([str(HERE), *sys.path]))
-    completed = subprocess.run(
-        [sys.executable, str(HERE / "generated_training_process.py"),
-         "--devices", str(devices), "--seed", str(seed), "--cases", str(cases),
-         "--shrink"], capture_output=True, text=True, env=environment,
-        timeout=TIME_LIMIT, check=False)
-    assert completed.returncode == 0, completed.stderr[-3000:]
-    return [json.loads(line) for line in completed.stdout.splitlines()]
-
-
 def stock_wrong(record):
-    return record["outcome"] == "right" and not gt.same(
-        record["found"]["stock"], record["expected"])
+    return gp.stock_wrong(record, gt.same)
 
 
 def summary(records, where):
-    """Counts per outcome, and per dimension's choice, as text."""
-    lines = [f"{len(records)} training programs on {where}: " +
-             ", ".join(f"{outcome} {count}" for outcome, count in
-                       collections.Counter(r["outcome"] for r in records).most_common()),
-             f"  right with tfdtape where stock is not: {sum(map(stock_wrong, records))}"]
-    for name in gt.DIMENSIONS:
-        counts = collections.defaultdict(collections.Counter)
-        for record in records:
-            counts[record["program"][name]][record["outcome"]] += 1
-        lines.append(f"  {name}: " + "; ".join(
-            f"{choice} " + "/".join(f"{o} {n}" for o, n in sorted(c.items()))
-            for choice, c in sorted(counts.items(), key=lambda item: str(item[0]))))
-    return "\n".join(lines)
-
-
-def assert_passing(records):
-    failing = [r for r in records if r["outcome"] not in gp.PASSING]
-    assert not failing, "\n\n".join(
-        f"{r['outcome']}: {json.dumps(r['program'])}\n  shrunk: "
-        f"{json.dumps(r.get('shrunk'))}\n  expected: {r['expected']}\n  "
-        f"found: {json.dumps(r['found'])[:1500]}" for r in failing[:10])
+    return gp.outcome_summary(records, f"training programs on {where}", gt.DIMENSIONS,
+                              gt.same)
 
 
 @pytest.mark.parametrize("devices", LAYOUTS, ids=lambda d: f"{d}_cpus")
 def test_generated_training_trains_like_one_device_or_fails_clearly(request, devices):
     seed, cases = gp.search_size(request.config, CI_SEED, CI_CASES)
-    records = run_layout(devices, seed, cases)
+    records = gp.run_generator("generated_training_process.py", devices, seed, cases,
+                               TIME_LIMIT)
     assert len(records) == cases
     print("\n" + summary(records, f"{devices} virtual CPU(s)"))
-    assert_passing(records)
+    failing = gp.failures(records)
+    assert not failing, failing
     # The search tells stock from tfdtape (stock fails the tape around
     # strategy.run, and accumulation in fit and traced steps).
     assert any(map(stock_wrong, records))
@@ -108,7 +72,8 @@ def test_generated_training_on_workers_trains_like_one_device(request, workers):
     print("\n" + summary(records, f"{workers} workers"))
     for other in outputs[1:]:  # every worker's results, bitwise
         assert [r["found"] for r in other] == [r["found"] for r in records]
-    assert_passing(records)
+    failing = gp.failures(records)
+    assert not failing, failing
     assert any(map(stock_wrong, records))
 
 

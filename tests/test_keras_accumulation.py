@@ -19,6 +19,7 @@ import pytest
 import tensorflow as tf
 
 from conftest import DEVICES
+from keras_models import copies
 from keras_models import is_keras3
 from tfdtape.testing import PATCHED_CONFIGURATIONS
 
@@ -50,12 +51,6 @@ def build(optimizer_name):
         optimizer = keras.optimizers.LossScaleOptimizer(optimizer, initial_scale=8.0)
     optimizer.build(model.trainable_variables)
     return model, optimizer
-
-
-def copies(variable):
-    """Every component's value of a (Keras) variable, as NumPy arrays."""
-    inner = variable.value if hasattr(variable, "value") else variable
-    return [np.asarray(c) for c in getattr(inner, "values", (inner,))]
 
 
 def state(model, optimizer):
