@@ -152,8 +152,8 @@ def run_one(program, strategies, replicas):
             found[name] = run(program, strategies)
     outcome = gp.classify(expected, found["stock"], found["tfdtape"], found["alone"],
                           same=gt.same)
-    return {"program": json.loads(program.spec()), "expected": expected,
-            "found": found, "outcome": outcome}
+    return {"program": json.loads(program.spec()), "keras3": KERAS3,
+            "expected": expected, "found": found, "outcome": outcome}
 
 
 def main(argv):

@@ -53,10 +53,13 @@ def test_generated_training_trains_like_one_device_or_fails_clearly(request, dev
     # The search tells stock from tfdtape (stock fails the tape around
     # strategy.run, and accumulation in fit and traced steps).
     assert any(map(stock_wrong, records))
-    if devices > 1:  # both of the oracle's branches were taken and met
-        clipped = [gt.clips_inside_replicas(gt.TrainingProgram(**r["program"]), devices, True)
-                   for r in records if r["outcome"] == "right"]
-        assert True in clipped and False in clipped
+    # A guard on the sample, not on tfdtape (the outcomes above are that):
+    # with Keras 3 on several replicas, the draw holds programs whose clip
+    # inside the replicas changes the answer, so tfdtape was checked against
+    # the oracle's sum of clipped shares, not only against one device.
+    if devices > 1 and records[0]["keras3"]:
+        assert any(r["expected"] != gt.oracle(gt.TrainingProgram(**r["program"]), 1, True)
+                   for r in records)
 
 
 @pytest.mark.cluster
