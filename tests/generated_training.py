@@ -49,8 +49,21 @@ DIMENSIONS = {
     "accumulation": (0, 2),
     "clipping": ("none", "clipnorm", "global_clipnorm", "clipvalue"),
     "strategy": ("mirrored", "none", "multi_worker"),
+    "loss_scale": ("none", "dynamic"),
+    "steps_per_execution": (1, 2),
+    "scope": ("inside", "outside"),
 }
-"""Each dimension's choices; a program's first choice of each is `SIMPLEST`."""
+"""Each dimension's choices; a program's first choice of each is `SIMPLEST`.
+`loss_scale`: the optimizer inside Keras 3's `LossScaleOptimizer` (the
+loss scaled by `optimizer.scale_loss` in the custom loops, by `fit`
+itself). `steps_per_execution`: `fit`'s (steps per traced call); more
+than one only where the strategy has one replica: Keras 3.15's `fit` on
+TensorFlow 2.21 with `steps_per_execution` > 1 under a strategy of several
+replicas fails on stock TensorFlow in every form ("You must feed a value for
+placeholder tensor '.../while/cond/Placeholder'"), and with tfdtape alike
+(`test_keras_accumulation.py` holds it; docs/limits.md).
+`scope`: whether a custom loop's steps run inside `strategy.scope()` or
+outside it (as TensorFlow's tutorial calls them)."""
 
 SIMPLEST = {name: choices[0] for name, choices in DIMENSIONS.items()}
 
@@ -62,31 +75,50 @@ class TrainingProgram(gp.Spec):
     accumulation: int
     clipping: str
     strategy: str
+    loss_scale: str = "none"
+    steps_per_execution: int = 1
+    scope: str = "inside"
 
     @property
     def traced(self):
         return self.loop.endswith("_traced")
 
 
-def generate(seed, count, strategies=("mirrored", "none"), keras3=True):
+def pinned(program, keras3, replicas):
+    """`program` with each choice that cannot apply to its others set to
+    the one that stands for it: without Keras 3 no accumulation and no loss
+    scaling (Keras 2 has neither in this form); steps per execution are
+    `fit`'s, and one under a strategy of several `replicas` (see
+    `DIMENSIONS`); the scope choice is a custom loop's under a strategy."""
+    changes = {}
+    if not keras3:
+        changes.update(accumulation=0, loss_scale="none")
+    if program.loop != "fit" or (program.strategy != "none" and replicas > 1):
+        changes.update(steps_per_execution=1)
+    if program.loop == "fit" or program.strategy == "none":
+        changes.update(scope="inside")
+    return dataclasses.replace(program, **changes)
+
+
+def generate(seed, count, strategies=("mirrored", "none"), keras3=True, replicas=1):
     """`count` programs drawn with `random.Random(seed)`, each strategy
-    among `strategies`; without Keras 3, no accumulation (Keras 2 has none)."""
+    among `strategies` (of `replicas` replicas), pinned for them and the
+    Keras there is."""
     draw = random.Random(seed)
     programs = []
     for _ in range(count):
         choices = {name: draw.choice(options) for name, options in DIMENSIONS.items()}
         choices["strategy"] = draw.choice(strategies)
-        if not keras3:
-            choices["accumulation"] = 0
-        programs.append(TrainingProgram(**choices))
+        programs.append(pinned(TrainingProgram(**choices), keras3, replicas))
     return programs
 
 
-def shrink(program, fails):
+def shrink(program, fails, keras3=True, replicas=1):
     """The program closest to `SIMPLEST` (fewest choices away from it) that
     still `fails`, moving one choice at a time; the strategy is kept."""
     return gp.shrink_towards(program, {name: choice for name, choice in SIMPLEST.items()
-                                       if name != "strategy"}, fails)
+                                       if name != "strategy"}, fails,
+                             adjust=lambda candidate: pinned(candidate, keras3, replicas))
 
 
 # The oracle ------------------------------------------------------------------

@@ -16,6 +16,7 @@ program, the one closest to `SIMPLEST` that still fails.
 """
 
 import argparse
+import contextlib
 import json
 import os
 import sys
@@ -71,6 +72,8 @@ def build(program):
     optimizer = (keras.optimizers.SGD(rate, **options) if program.optimizer == "sgd" else
                  keras.optimizers.Adam(rate, beta_1=gt.BETA_1, beta_2=gt.BETA_2,
                                        epsilon=gt.EPSILON, **options))
+    if program.loss_scale == "dynamic":
+        optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
     optimizer.build(model.trainable_variables)
     return model, optimizer
 
@@ -81,13 +84,14 @@ def train(program, strategy):
     with strategy.scope():
         model, optimizer = build(program)
         if program.loop == "fit":
-            model.compile(optimizer=optimizer, loss="mse")
+            model.compile(optimizer=optimizer, loss="mse",
+                          steps_per_execution=program.steps_per_execution)
     if program.loop == "fit":
         model.fit(gt.FEATURES, gt.LABELS, batch_size=gt.GLOBAL_BATCH, epochs=1,
                   shuffle=False, verbose=0)
     else:
         step = make_step(program, strategy, model, optimizer)
-        with strategy.scope():
+        with strategy.scope() if program.scope == "inside" else contextlib.nullcontext():
             for index in range(gt.STEPS):
                 step(*shares(strategy, index))
     weights = [copies(w) for w in model.trainable_variables]
@@ -116,8 +120,9 @@ def make_step(program, strategy, model, optimizer):
     variables = model.trainable_variables
     skip = {} if KERAS3 else {"skip_gradients_aggregation": True}
 
-    def loss_of(x, y):  # the replica's part of the global batch's mean
-        return tf.reduce_sum((model(x) - y) ** 2) / gt.GLOBAL_BATCH
+    def loss_of(x, y):  # the replica's part of the global batch's mean, scaled
+        loss = tf.reduce_sum((model(x) - y) ** 2) / gt.GLOBAL_BATCH
+        return optimizer.scale_loss(loss) if KERAS3 else loss
 
     def tutorial(x, y):
         def replica(x, y):
@@ -176,7 +181,7 @@ def main(argv):
         strategies = Strategies(testing.virtual_cpus(arguments.devices))
     replicas = len(cluster["worker"]) if cluster else arguments.devices
     programs = [gt.TrainingProgram.from_spec(spec) for spec in arguments.program]
-    programs += gt.generate(arguments.seed, arguments.cases, keras3=KERAS3,
+    programs += gt.generate(arguments.seed, arguments.cases, keras3=KERAS3, replicas=replicas,
                             strategies=("multi_worker",) if cluster else ("mirrored", "none"))
     records = []
     for program in programs:
@@ -184,7 +189,7 @@ def main(argv):
         if arguments.shrink and record["outcome"] not in gp.PASSING:
             record["shrunk"] = json.loads(gt.shrink(
                 program, lambda candidate: run_one(candidate, strategies, replicas)[
-                    "outcome"] not in gp.PASSING).spec())
+                    "outcome"] not in gp.PASSING, KERAS3, replicas).spec())
         if arguments.one_line:
             records.append(record)
         else:
