@@ -13,10 +13,12 @@ Keras runs without a distribution strategy (`_common_apply`): one finite
 check on the total, then either the unscaled total applied once through the
 inner optimizer (whose own cross-replica apply goes through tfdtape's
 `maybe_merge_call`) and the step counter advanced, or the step skipped and
-the scale halved; the scale variables are mirrored and updated once. It
-refuses what `maybe_merge_call` refuses there (per-replica values, several
-workers) before touching any variable. Everywhere else Keras's function
-runs unchanged.
+the scale halved; the scale variables are mirrored and updated once.
+Per-replica values are refused before any variable is touched. On several
+workers the totals are the same on every worker (all-reduced across them),
+so every worker takes the same branch; the inner optimizer's apply goes
+through `maybe_merge_call`'s checks that what it applies agrees across
+workers. Everywhere else Keras's function runs unchanged.
 
 Keras is never imported here: the class is looked up in `sys.modules`
 through what Keras exports (`keras.optimizers.LossScaleOptimizer`) when
@@ -77,7 +79,6 @@ def make_tf_apply(original):
                 apply_checks.check_no_total(
                     strategy.num_replicas_in_sync, grads, _SYMBOL)
             return original(self, grads, trainable_variables)
-        apply_checks.check_single_worker(strategy, _SYMBOL, "cannot apply gradients")
         apply_checks.check_no_per_replica_values((grads,), {}, _SYMBOL)
         self._common_apply(grads, trainable_variables=trainable_variables)
 
