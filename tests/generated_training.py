@@ -36,6 +36,9 @@ STEPS = 4
 FEATURES = np.array([[np.sin(3.0 * i + j) * (1 + i % 3) for j in range(3)]
                      for i in range(STEPS * GLOBAL_BATCH)], dtype=np.float32)
 LABELS = (FEATURES @ np.array([[1.5], [-2.0], [0.75]], np.float32) + 2.0).astype(np.float32)
+OVERFLOW_ROW = 2 * GLOBAL_BATCH - 1
+"""The row whose label is inf in a program with `overflow`: the second
+step's last, in the last replica's share."""
 KERNEL = np.array([[0.5], [-0.25], [0.125]], np.float32)
 BIAS = np.array([0.1], np.float32)
 LEARNING_RATE = {"sgd": 0.1, "adam": 0.05}
@@ -52,6 +55,7 @@ DIMENSIONS = {
     "loss_scale": ("none", "dynamic"),
     "steps_per_execution": (1, 2),
     "scope": ("inside", "outside"),
+    "overflow": (False, True),
 }
 """Each dimension's choices; a program's first choice of each is `SIMPLEST`.
 `loss_scale`: the optimizer inside Keras 3's `LossScaleOptimizer` (the
@@ -63,7 +67,10 @@ replicas fails on stock TensorFlow in every form ("You must feed a value for
 placeholder tensor '.../while/cond/Placeholder'"), and with tfdtape alike
 (`test_keras_accumulation.py` holds it; docs/limits.md).
 `scope`: whether a custom loop's steps run inside `strategy.scope()` or
-outside it (as TensorFlow's tutorial calls them)."""
+outside it (as TensorFlow's tutorial calls them). `overflow`: with loss
+scaling, one label inf (`OVERFLOW_ROW`), so that step's gradient is not
+finite on one replica only: one device skips the step (and halves the
+scale)."""
 
 SIMPLEST = {name: choices[0] for name, choices in DIMENSIONS.items()}
 
@@ -78,10 +85,19 @@ class TrainingProgram(gp.Spec):
     loss_scale: str = "none"
     steps_per_execution: int = 1
     scope: str = "inside"
+    overflow: bool = False
 
     @property
     def traced(self):
         return self.loop.endswith("_traced")
+
+    @property
+    def labels(self):
+        """`LABELS`, with `OVERFLOW_ROW`'s inf where the program overflows."""
+        labels = LABELS.copy()
+        if self.overflow:
+            labels[OVERFLOW_ROW] = np.inf
+        return labels
 
 
 def pinned(program, keras3, replicas):
@@ -89,10 +105,13 @@ def pinned(program, keras3, replicas):
     the one that stands for it: without Keras 3 no accumulation and no loss
     scaling (Keras 2 has neither in this form); steps per execution are
     `fit`'s, and one under a strategy of several `replicas` (see
-    `DIMENSIONS`); the scope choice is a custom loop's under a strategy."""
+    `DIMENSIONS`); the scope choice is a custom loop's under a strategy; an
+    overflow only with loss scaling (without it the weights are inf)."""
     changes = {}
     if not keras3:
         changes.update(accumulation=0, loss_scale="none")
+    if not keras3 or program.loss_scale == "none":
+        changes.update(overflow=False)
     if program.loop != "fit" or (program.strategy != "none" and replicas > 1):
         changes.update(steps_per_execution=1)
     if program.loop == "fit" or program.strategy == "none":
@@ -135,7 +154,8 @@ def clips_inside_replicas(program, replicas, keras3):
 def oracle(program, replicas, keras3):
     """{"kernel": [3 floats], "bias": float, "iterations": int,
     "copies_agree": True} after `STEPS` steps, `replicas` the strategy's
-    replicas in sync (over every worker)."""
+    replicas in sync (over every worker). A step whose gradient is not
+    finite is skipped (loss scaling: its optimizer is not called)."""
     weights = [KERNEL.astype(np.float64), BIAS.astype(np.float64)]
     accumulated = [np.zeros_like(w) for w in weights]
     moments = [[np.zeros_like(w) for w in weights] for _ in range(2)]
@@ -143,13 +163,16 @@ def oracle(program, replicas, keras3):
     per_replica = clips_inside_replicas(program, replicas, keras3)
     for step in range(STEPS):
         rows = slice(step * GLOBAL_BATCH, (step + 1) * GLOBAL_BATCH)
-        x, y = FEATURES[rows].astype(np.float64), LABELS[rows].astype(np.float64)
-        if per_replica:
-            shares = zip(np.split(x, replicas), np.split(y, replicas))
-            shares = [_clip(program, _gradients(weights, *share)) for share in shares]
-            gradients = [sum(parts) for parts in zip(*shares)]
-        else:
-            gradients = _gradients(weights, x, y)
+        x, y = FEATURES[rows].astype(np.float64), program.labels[rows].astype(np.float64)
+        with np.errstate(all="ignore"):
+            if per_replica:
+                shares = zip(np.split(x, replicas), np.split(y, replicas))
+                shares = [_clip(program, _gradients(weights, *share)) for share in shares]
+                gradients = [sum(parts) for parts in zip(*shares)]
+            else:
+                gradients = _gradients(weights, x, y)
+        if not all(np.all(np.isfinite(g)) for g in gradients):
+            continue
         calls += 1
         if program.accumulation:
             if calls % program.accumulation:

@@ -9,10 +9,12 @@ resolver off), and is classified against the oracle as
 `generated_programs.classify` does. The process splits the CPU into N
 virtual devices before TensorFlow starts; MirroredStrategy spans all N.
 With TF_CONFIG set the process is one worker of a MultiWorkerMirroredStrategy
-cluster (one device each) and runs the programs drawn for that strategy;
-every worker prints the same records, which the test compares (`--one-line`:
-all in one JSON list at the end). `--shrink` also prints, for each failing
-program, the one closest to `SIMPLEST` that still fails.
+cluster (one device each), runs the programs drawn for that strategy (with
+tfdtape first, then on stock, whose workers may disagree and break the
+cluster's collectives for what follows) and prints every record in one JSON
+list at the end; the test compares the workers'. `--shrink` also prints, for
+each failing program (not in a cluster), the one closest to `SIMPLEST`
+that still fails.
 """
 
 import argparse
@@ -87,24 +89,24 @@ def train(program, strategy):
             model.compile(optimizer=optimizer, loss="mse",
                           steps_per_execution=program.steps_per_execution)
     if program.loop == "fit":
-        model.fit(gt.FEATURES, gt.LABELS, batch_size=gt.GLOBAL_BATCH, epochs=1,
+        model.fit(gt.FEATURES, program.labels, batch_size=gt.GLOBAL_BATCH, epochs=1,
                   shuffle=False, verbose=0)
     else:
         step = make_step(program, strategy, model, optimizer)
         with strategy.scope() if program.scope == "inside" else contextlib.nullcontext():
             for index in range(gt.STEPS):
-                step(*shares(strategy, index))
+                step(*shares(program, strategy, index))
     weights = [copies(w) for w in model.trainable_variables]
     agree = all(np.array_equal(c, found[0]) for found in weights for c in found)
     return {"kernel": weights[0][0].ravel().tolist(), "bias": float(weights[1][0][0]),
             "iterations": int(np.asarray(optimizer.iterations)), "copies_agree": agree}
 
 
-def shares(strategy, step):
+def shares(program, strategy, step):
     """Step `step`'s global batch as per-replica values: replica r (over
     every worker) holds the r-th contiguous share."""
     rows = slice(step * gt.GLOBAL_BATCH, (step + 1) * gt.GLOBAL_BATCH)
-    features, labels = gt.FEATURES[rows], gt.LABELS[rows]
+    features, labels = gt.FEATURES[rows], program.labels[rows]
     share = gt.GLOBAL_BATCH // strategy.num_replicas_in_sync
 
     def part(context):
@@ -148,17 +150,28 @@ def run(program, strategies):
         return gp.describe(error)
 
 
-def run_one(program, strategies, replicas):
-    """One program in the three configurations, with its oracle and outcome."""
+def run_in(names, programs, strategies):
+    """[{name: result}] of each program in the configurations `names`."""
+    found = [{} for _ in programs]
+    for name in names:
+        for results, program in zip(found, programs):
+            with CONFIGURATIONS[name]():
+                results[name] = run(program, strategies)
+    return found
+
+
+def record(program, found, replicas):
+    """A program's record: its oracle, its results and their outcome."""
     expected = gt.oracle(program, replicas, KERAS3)
-    found = {}
-    for name, configuration in CONFIGURATIONS.items():
-        with configuration():
-            found[name] = run(program, strategies)
     outcome = gp.classify(expected, found["stock"], found["tfdtape"], found["alone"],
                           same=gt.same)
     return {"program": json.loads(program.spec()), "keras3": KERAS3,
             "expected": expected, "found": found, "outcome": outcome}
+
+
+def run_one(program, strategies, replicas):
+    """One program in the three configurations, with its oracle and outcome."""
+    return record(program, run_in(CONFIGURATIONS, [program], strategies)[0], replicas)
 
 
 def main(argv):
@@ -169,8 +182,6 @@ def main(argv):
     parser.add_argument("--program", action="append", default=[],
                         help="a program's spec (JSON); may repeat")
     parser.add_argument("--shrink", action="store_true")
-    parser.add_argument("--one-line", action="store_true",
-                        help="print every record in one JSON list at the end")
     arguments = parser.parse_args(argv)
     tf.get_logger().setLevel("ERROR")
     cluster = json.loads(os.environ["TF_CONFIG"])["cluster"] if "TF_CONFIG" in os.environ else None
@@ -183,19 +194,22 @@ def main(argv):
     programs = [gt.TrainingProgram.from_spec(spec) for spec in arguments.program]
     programs += gt.generate(arguments.seed, arguments.cases, keras3=KERAS3, replicas=replicas,
                             strategies=("multi_worker",) if cluster else ("mirrored", "none"))
-    records = []
+    if cluster:
+        # Stock last: a stock program whose workers disagree (one applies,
+        # another skips) breaks the cluster's collectives for what follows.
+        found = run_in(("tfdtape", "alone"), programs, strategies)
+        for results, stock in zip(found, run_in(("stock",), programs, strategies)):
+            results.update(stock)
+        print(json.dumps([record(program, results, replicas)
+                          for program, results in zip(programs, found)]))
+        return
     for program in programs:
-        record = run_one(program, strategies, replicas)
-        if arguments.shrink and record["outcome"] not in gp.PASSING:
-            record["shrunk"] = json.loads(gt.shrink(
+        found = run_one(program, strategies, replicas)
+        if arguments.shrink and found["outcome"] not in gp.PASSING:
+            found["shrunk"] = json.loads(gt.shrink(
                 program, lambda candidate: run_one(candidate, strategies, replicas)[
                     "outcome"] not in gp.PASSING, KERAS3, replicas).spec())
-        if arguments.one_line:
-            records.append(record)
-        else:
-            print(json.dumps(record), flush=True)
-    if arguments.one_line:
-        print(json.dumps(records))
+        print(json.dumps(found), flush=True)
 
 
 if __name__ == "__main__":

@@ -69,12 +69,16 @@ def test_generated_training_on_workers_trains_like_one_device(request, workers):
     outputs = loopback.run_processes(
         loopback.worker_configs(workers),
         [str(HERE / "generated_training_process.py"), "--seed", str(seed + workers),
-         "--cases", str(CLUSTER_CASES), "--one-line"], TIME_LIMIT)
+         "--cases", str(CLUSTER_CASES)], TIME_LIMIT)
     records = outputs[0]
     assert len(records) == CLUSTER_CASES
     print("\n" + summary(records, f"{workers} workers"))
-    for other in outputs[1:]:  # every worker's results, bitwise
-        assert [r["found"] for r in other] == [r["found"] for r in records]
+
+    def patched(found):  # stock's workers may disagree (the control)
+        return [{name: r["found"][name] for name in ("tfdtape", "alone")} for r in found]
+
+    for other in outputs[1:]:  # every worker's results with tfdtape, bitwise
+        assert patched(other) == patched(records)
     failing = gp.failures(records)
     assert not failing, failing
     assert any(map(stock_wrong, records))

@@ -160,3 +160,44 @@ def test_the_tutorial_loop_with_loss_scaling_is_unchanged(strategy, configuratio
     assert (scale, counter, applied) == (expected_scale, expected_counter, expected_applied)
     for found, expected in zip(weights, expected_weights):
         np.testing.assert_allclose(found, expected, rtol=1e-5, atol=1e-6)
+
+
+def test_an_overflow_on_one_replica_only_skips_the_step_on_every_replica(
+        strategy, configuration):
+    """The tutorial loop whose loss is infinite on the last replica only, at
+    the steps of OVERFLOWS: Keras takes the first replica's finite check
+    (its own gradients, not all-reduced) and applies the step, inf and all
+    (stock, the control); tfdtape's check_finite all-reduces every
+    replica's answer, so the step is skipped and the scale halved, as on one
+    device."""
+    with strategy.scope():
+        model, optimizer = build()
+    dataset = tf.data.Dataset.from_tensor_slices((FEATURES, LABELS)).batch(8)
+    x, y = next(iter(strategy.experimental_distribute_dataset(dataset)))
+    last = strategy.num_replicas_in_sync - 1
+
+    def replica_step(x, y, factor):
+        context = tf.distribute.get_replica_context()
+        factor = tf.where(tf.equal(context.replica_id_in_sync_group, last), factor, 1.0)
+        with tf.GradientTape() as tape:
+            error = model(x) - y
+            loss = tf.nn.compute_average_loss(tf.reduce_sum(error * error, axis=1),
+                                              global_batch_size=8) * factor
+            scaled = optimizer.scale_loss(loss)
+        gradients = tape.gradient(scaled, model.trainable_variables)
+        optimizer.apply(gradients, model.trainable_variables)
+
+    @tf.function
+    def step(factor):
+        strategy.run(replica_step, args=(x, y, factor))
+
+    for i in range(STEPS):
+        step(tf.constant(np.inf if i in OVERFLOWS else 1.0))
+    weights, scale, counter, applied = state(model, optimizer)
+    if configuration not in PATCHED_CONFIGURATIONS:
+        assert not all(np.isfinite(w).all() for w in weights)
+        return
+    expected_weights, expected_scale, expected_counter, expected_applied = one_device()
+    assert (scale, counter, applied) == (expected_scale, expected_counter, expected_applied)
+    for found, expected in zip(weights, expected_weights):
+        np.testing.assert_allclose(found, expected, rtol=1e-5, atol=1e-6)

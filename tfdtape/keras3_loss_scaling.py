@@ -2,10 +2,14 @@
 cross-replica context.
 
 Its TensorFlow path (`_tf_apply`) refuses cross-replica context (`apply()
-must be called in a replica context`): in replica context it checks the
-all-reduced gradients for finiteness in each replica and applies through
-the inner optimizer there, once per replica. Following that advice with the
-total of a tape around `strategy.run` applies it once per replica, N times.
+must be called in a replica context`): in replica context it checks each
+replica's gradients for finiteness in a `merge_call`, takes the first
+replica's answer, and applies through the inner optimizer there, once per
+replica. Following that advice with the total of a tape around
+`strategy.run` applies it once per replica, N times. And the first
+replica's answer is not the step's: its gradients are its own, not yet
+all-reduced, so tfdtape's `check_finite` all-reduces every replica's answer
+there (`make_check_finite`).
 
 The gradient of a tape around the run is already the total, the same for
 every replica, so in cross-replica context tfdtape's `_tf_apply` runs what
@@ -35,11 +39,17 @@ import functools
 import inspect
 import sys
 
+from tensorflow.python.distribute import reduce_util
+from tensorflow.python.framework import dtypes
+from tensorflow.python.ops import math_ops
+
 from tfdtape import apply_checks
 from tfdtape import compat
 
 ATTRIBUTE = "_tf_apply"
 PARAMETERS = ("self", "grads", "trainable_variables")
+CHECK_ATTRIBUTE = "check_finite"
+CHECK_PARAMETERS = ("self", "grads")
 _SYMBOL = "keras.optimizers.LossScaleOptimizer.apply"
 DEFINING_MODULE = "keras.src.optimizers.loss_scale_optimizer"
 """Where Keras 3 defines the class (watched for by `tfdtape.late_imports`)."""
@@ -83,3 +93,33 @@ def make_tf_apply(original):
         self._common_apply(grads, trainable_variables=trainable_variables)
 
     return _tf_apply
+
+
+def make_check_finite(original):
+    """Returns a `LossScaleOptimizer.check_finite` that, in the replicas of
+    a strategy of several, tells whether every replica's gradients (on
+    every worker) are finite.
+
+    Keras's replica-context path checks each replica's gradients in a
+    `merge_call` and takes the first replica's answer, on the assumption that
+    the gradients were all-reduced already; they are each replica's own, so a
+    step that overflows on another replica only was applied (stock
+    TensorFlow too). Here every replica's answer is all-reduced first (one
+    scalar SUM of the non-finite flags), so all take the one device's
+    branch. Elsewhere (cross-replica context, no strategy, one replica)
+    Keras's check runs unchanged.
+    """
+
+    @functools.wraps(original)
+    def check_finite(self, grads):
+        finite = original(self, grads)
+        strategy, replica_context = (
+            compat.strategy_context.get_strategy_and_replica_context())
+        if (replica_context is None or not compat.strategy_context.has_strategy() or
+                strategy.num_replicas_in_sync == 1):
+            return finite
+        flags = math_ops.cast(math_ops.logical_not(finite), dtypes.float32)
+        return math_ops.equal(
+            replica_context.all_reduce(reduce_util.ReduceOp.SUM, flags), 0.0)
+
+    return check_finite

@@ -405,6 +405,9 @@ def _keras_targets():
         table.append(PatchTarget(keras_class, keras3_loss_scaling.ATTRIBUTE,
                                  keras3_loss_scaling.PARAMETERS, keras3_loss_scaling.make_tf_apply,
                                  required=False))
+        table.append(PatchTarget(keras_class, keras3_loss_scaling.CHECK_ATTRIBUTE,
+                                 keras3_loss_scaling.CHECK_PARAMETERS,
+                                 keras3_loss_scaling.make_check_finite, required=False))
     optimizer_class = keras3_accumulation.keras_class()
     if optimizer_class is not None:
         table.append(PatchTarget(optimizer_class, keras3_accumulation.ATTRIBUTE,
