@@ -1,18 +1,17 @@
 """What Keras 3's gradient accumulation costs in `model.fit` under
 MirroredStrategy(2) with tfdtape, against what it costs on one device.
 
-Four configurations: one device (no strategy) and MirroredStrategy over 2
-virtual CPUs, each with `gradient_accumulation_steps=2` and without. One
-fresh process per sample, the configurations alternating (their order
+Five configurations: one device (no strategy) and MirroredStrategy over 2
+virtual CPUs, each with `gradient_accumulation_steps=2` and without, with
+tfdtape; and MirroredStrategy(2) without accumulation on stock TensorFlow.
+One fresh process per sample, the configurations alternating (their order
 rotates every round); each process trains an 8-layer Dense(64) model with
 SGD for one epoch to trace and warm up, then times a second epoch of
 `--steps` steps. Reported: the median seconds per step of each
-configuration and, per strategy, accumulation / none. Target: the ratio
-under MirroredStrategy(2) no more than on one device (accumulation costs
-no more across replicas than it does alone).
-
-On stock TensorFlow `fit` with accumulation fails under MirroredStrategy
-(keras-team/keras#20582), so there is no stock column.
+configuration; per strategy, accumulation / none (target: no more under
+MirroredStrategy(2) than on one device); and tfdtape / stock without
+accumulation. On stock TensorFlow `fit` with accumulation fails under
+MirroredStrategy (keras-team/keras#20582): no stock accumulation column.
 
 Usage: python benchmarks/keras_accumulation.py [--samples 6] [--steps 60]
 """
@@ -26,19 +25,24 @@ import time
 
 CONFIGURATIONS = (("one device", "none", 0), ("one device", "none", 2),
                   ("MirroredStrategy(2)", "mirrored", 0),
-                  ("MirroredStrategy(2)", "mirrored", 2))
+                  ("MirroredStrategy(2)", "mirrored", 2),
+                  ("MirroredStrategy(2) stock", "mirrored", 0))
 GLOBAL_BATCH = 64
 WIDTH = 64
 LAYERS = 8
 
 
 def sample(strategy_name, accumulate, steps):
-    """Seconds per step of the timed epoch, in this (fresh) process."""
+    """Seconds per step of the timed epoch, in this (fresh) process; stock
+    TensorFlow where TFDTAPE_AUTOINSTALL=0."""
     import numpy as np
     import tensorflow as tf
 
-    import tfdtape  # noqa: F401 (installs tfdtape)
+    import tfdtape
     from tfdtape import testing
+
+    if tfdtape.is_installed() != (os.environ.get("TFDTAPE_AUTOINSTALL") != "0"):
+        raise RuntimeError("tfdtape is not in the state this sample asks for")
 
     strategy = (testing.mirrored_strategy(2) if strategy_name == "mirrored"
                 else tf.distribute.get_strategy())
@@ -58,11 +62,12 @@ def sample(strategy_name, accumulate, steps):
     return (time.perf_counter() - start) / steps
 
 
-def run_sample(strategy_name, accumulate, steps):
+def run_sample(label, strategy_name, accumulate, steps):
     completed = subprocess.run(
         [sys.executable, __file__, "--sample", strategy_name, str(accumulate),
          "--steps", str(steps)], capture_output=True, text=True, check=False,
-        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
+        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3",
+                 TFDTAPE_AUTOINSTALL="0" if label.endswith("stock") else "1"))
     if completed.returncode != 0:
         raise RuntimeError(f"{strategy_name} {accumulate} failed:\n{completed.stderr[-2000:]}")
     return float(completed.stdout.split()[-1])
@@ -82,13 +87,13 @@ def main():
     for index in range(args.samples):
         shift = index % len(CONFIGURATIONS)
         for configuration in CONFIGURATIONS[shift:] + CONFIGURATIONS[:shift]:
-            seconds[configuration].append(run_sample(*configuration[1:], args.steps))
+            seconds[configuration].append(run_sample(*configuration, args.steps))
     medians = {configuration: statistics.median(found)
                for configuration, found in seconds.items()}
     print(f"model.fit, {LAYERS} Dense({WIDTH}) layers, global batch {GLOBAL_BATCH}, "
           f"SGD; median ms per step of {args.samples} fresh processes each")
     ratios = {}
-    for label in dict.fromkeys(name for name, _, _ in CONFIGURATIONS):
+    for label in ("one device", "MirroredStrategy(2)"):
         plain, accumulated = (medians[c] for c in CONFIGURATIONS if c[0] == label)
         ratios[label] = accumulated / plain
         print(f"{label:>20}: no accumulation {plain * 1e3:.2f}  accumulation 2 "
@@ -96,6 +101,9 @@ def main():
     mirrored, alone = ratios["MirroredStrategy(2)"], ratios["one device"]
     print(f"accumulation's ratio under MirroredStrategy(2) / on one device: "
           f"{mirrored / alone:.3f} (target <= 1.0)")
+    stock = medians[CONFIGURATIONS[4]]
+    print(f"MirroredStrategy(2), no accumulation: tfdtape {medians[CONFIGURATIONS[2]] * 1e3:.2f}"
+          f"  stock {stock * 1e3:.2f}  ratio {medians[CONFIGURATIONS[2]] / stock:.3f}x")
 
 
 if __name__ == "__main__":

@@ -2,15 +2,18 @@
 of tfdtape (`generated_training`: NumPy's math of one device on the global
 batch): `fit`, the tutorial step and the tape around `strategy.run` (eager
 and traced) × SGD and Adam × Keras 3's gradient accumulation × the clip
-options × no strategy, MirroredStrategy over 1, 2 and 4 virtual CPUs, and
-MultiWorkerMirroredStrategy over 2 and 3 workers on loopback.
+options × Keras 3's LossScaleOptimizer (with a step that overflows on one
+replica) × fit's steps_per_execution × a custom loop inside or outside
+strategy.scope() × no strategy, MirroredStrategy over 1, 2 and 4 virtual
+CPUs, and MultiWorkerMirroredStrategy over 2 and 3 workers on loopback.
 
 Each program trains on stock TensorFlow, with tfdtape and with tfdtape
 alone, and is classified as `generated_programs.classify` does: the test
 fails on any outcome but "right", "clear_error" and "stock_fails_alike",
 listing the failing programs (and, shrunk, the fewest choices that still
 fail) as specs that `generated_training_process.py --program SPEC` replays.
-On several workers every worker's results must also be equal, bitwise. The
+On several workers every worker's results with tfdtape must also be equal,
+bitwise (stock's workers may disagree: that is the control). The
 counts per outcome and per dimension are printed (`pytest -s`).
 """
 
