@@ -62,3 +62,16 @@ def test_the_two_runs_of_the_test_command_count_as_one():
     assert matrix.combined_summary(["1 failed, 99 passed", "4 passed"]) == (
         "1 failed, 103 passed")
     assert matrix.combined_summary(["exit 4", "4 passed"]) == "exit 4; 4 passed"
+
+
+def test_the_failed_tests_are_named_from_pytests_short_summary():
+    log = (
+        "...F..\n"
+        "=========================== short test summary info ============================\n"
+        "FAILED tests/test_a.py::test_b[options0] - AssertionError: x\n"
+        "ERROR tests/test_c.py::test_d - RuntimeError\n"
+        "E   FAILED tests/not_a_summary_line\n"
+        "2 failed, 5 passed in 3.0s\n")
+    assert matrix.FAILED_TEST.findall(log) == [
+        "FAILED tests/test_a.py::test_b[options0] - AssertionError: x",
+        "ERROR tests/test_c.py::test_d - RuntimeError"]

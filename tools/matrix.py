@@ -46,6 +46,9 @@ NIGHTLY = (["tf-nightly==2.23.0.dev20261026",
 """The pinned nightly builds: (installed with their dependencies, installed
 without), so that a run is reproducible."""
 
+FAILED_TEST = re.compile(r"^(?:FAILED|ERROR) tests/.*$", re.MULTILINE)
+"""pytest's short test summary line of a test that failed or erred."""
+
 NOT_SERVED = re.compile(r"No matching distribution found for (\S+)")
 
 
@@ -83,6 +86,8 @@ class Outcome:
     verify: str = "not run"
     notes: list = dataclasses.field(default_factory=list)
     minutes: float = 0.0
+    failed_tests: list = dataclasses.field(default_factory=list)
+    """pytest's short summary lines of the tests that failed or erred."""
 
 
 def available_releases():
@@ -169,6 +174,7 @@ def check_build(build, workdir, source):
         summary = PYTEST_SUMMARY.findall(log.read_text())
         summaries.append(summary[-1] if summary else f"exit {tests.returncode}")
     outcome.tests = combined_summary(summaries)
+    outcome.failed_tests = FAILED_TEST.findall(log.read_text())
     report_path = workdir / f"{slug}-verify.json"
     verify = run([python, "-m", "tfdtape", "verify", "--json", str(report_path)],
                  log, cwd=source, env=env)
@@ -301,6 +307,8 @@ def main(argv):
             print(f"{build.name}: install {outcome.installed}, tests "
                   f"{outcome.tests}, verify {outcome.verify} "
                   f"({outcome.minutes:.1f} min)", flush=True)
+            for line in outcome.failed_tests:
+                print(f"  {line}", flush=True)
         outcomes.append(outcome)
     write_table([o for o in outcomes if o.installed != "not served"],
                 args.output, commit)

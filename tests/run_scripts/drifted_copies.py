@@ -21,7 +21,9 @@ def main():
     model.fit(features, labels, batch_size=8, epochs=2, verbose=0)
     if sys.argv[1:] != ["healthy"]:
         kernel = model.trainable_variables[0]
-        strategy.experimental_local_results(kernel.value)[1].assign_add(
+        # Keras 3 wraps the MirroredVariable (its .value); Keras 2's is it.
+        mirrored = kernel if callable(kernel.value) else kernel.value
+        strategy.experimental_local_results(mirrored)[1].assign_add(
             tf.fill((4, 1), 0.25))  # PER-REPLICA UPDATE
     return model
 
