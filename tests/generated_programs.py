@@ -394,7 +394,9 @@ def run_generator(script, devices, seed, cases, time_limit):
          "--seed", str(seed), "--cases", str(cases), "--shrink"],
         capture_output=True, text=True, env=environment, timeout=time_limit,
         check=False)
-    assert completed.returncode == 0, completed.stderr[-3000:]
+    assert completed.returncode == 0, (
+        f"{script} exited with status {completed.returncode}:\n"
+        f"{completed.stdout[-2000:]}\n{completed.stderr[-3000:]}")
     return [json.loads(line) for line in completed.stdout.splitlines()]
 
 

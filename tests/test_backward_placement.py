@@ -13,6 +13,7 @@ import re
 import numpy as np
 import pytest
 import tensorflow as tf
+from tensorflow.python.eager import context
 
 from conftest import DEVICES
 from keras_models import is_keras3
@@ -509,15 +510,20 @@ def test_traced_recorded_backward_functions_carry_their_replicas_device(
                     if not _is_tape_fill(name)]
     tutorial_ops = [(name, device) for name, device in tutorial_ops
                     if not _is_tape_fill(name)]
+    # The sum over the variable's components, in cross-replica context:
+    # packed on each device, summed on the first, cut on each.
+    totals = [(name, device) for name, device in spanning_ops
+              if name.startswith(component_totals.TOTALS_SCOPE + "/")]
+    assert [device for name, device in totals if "AddN" in name] == ["device:CPU:0"]
+    assert {device for _, device in totals} == {f"device:CPU:{r}" for r in range(REPLICAS)}
+    spanning_ops = [op for op in spanning_ops if op not in totals]
     placed = [(name, device) for name, device in spanning_ops if device]
     # Ops a backward function makes are named as it names them (the
     # recomputed forward of tf.recompute_grad: "mul_3" for replica 1), so only
     # a name that says its replica is held to it.
     assert all(device == f"device:CPU:{replica_of(name)}"
                for name, device in placed if replica_of(name)), placed
-    unplaced = [name for name, device in spanning_ops if not device]
-    # Only the sum over the variable's components, in cross-replica context.
-    assert len(unplaced) == 1 and re.fullmatch(r"AddN(_\d+)?", unplaced[0]), unplaced
+    assert [name for name, device in spanning_ops if not device] == []
     # As many on each device as the tutorial step puts there (on TensorFlow
     # 2.12 replica 0 makes 3 more: shape constants the others reuse).
     per_device = collections.Counter(d for _, d in placed)
@@ -528,3 +534,122 @@ def test_traced_recorded_backward_functions_carry_their_replicas_device(
 def _is_tape_fill(name):
     """Whether an op is a fill the tape itself makes: ones, zeros, ones_1..."""
     return re.fullmatch(r"(ones|zeros)(_\d+)?", name.rsplit("/", 1)[-1]) is not None
+
+
+def _stack(strategy, layers):
+    """A Keras stack of `layers` Dense layers of 3, built in the scope."""
+    with strategy.scope():
+        return tf.keras.Sequential(
+            [tf.keras.Input((3,))] +
+            [tf.keras.layers.Dense(3, activation="tanh") for _ in range(layers)] +
+            [tf.keras.layers.Dense(1)])
+
+
+def _transfers(function):
+    """How many tensors the first call of `function` (a tf.function not yet
+    called) sends between devices: the `_Send` ops of the graphs TensorFlow
+    partitioned it into."""
+    runtime = context.context()
+    runtime.enable_graph_collection()
+    try:
+        function()
+        collected = runtime.export_run_metadata()
+    finally:
+        runtime.disable_graph_collection()
+    return sum(node.op == "_Send" for graphs in collected.function_graphs
+               for partition in graphs.partition_graphs for node in partition.node)
+
+
+@pytest.mark.parametrize("configuration", PATCHED_CONFIGURATIONS, indirect=True)
+@pytest.mark.parametrize("packed", [True, False])
+def test_in_a_graph_totals_cross_devices_once_per_device_not_per_variable(
+        strategy, configuration, packed, monkeypatch):
+    """On this host's CPUs a traced spanning step's totals go to the first
+    device in one pack per device and come back in one: the transfers
+    between devices do not grow with the number of variables (a graph pays a
+    _Send/_Recv pair per transfer), each device's update reads its own
+    copy, and the step trains as the tutorial's does. The control, each
+    variable summed alone: two more transfers per variable and device."""
+    if not packed:
+        monkeypatch.setattr(component_totals, "packed_totals",
+                            lambda gradients: [None] * len(gradients))
+    inputs = replica_inputs(strategy)
+    edges, trained = {}, {}
+    for layers in (1, 4):
+        model = _stack(strategy, layers)
+        tutorial_model = _stack(strategy, layers)
+        tutorial_model.set_weights(model.get_weights())
+        with strategy.scope():
+            optimizer = tf.keras.optimizers.SGD(0.1)
+            tutorial_optimizer = tf.keras.optimizers.SGD(0.1)
+
+        @tf.function
+        def spanning():
+            with tf.GradientTape() as tape:
+                loss = strategy.reduce("SUM", strategy.run(
+                    lambda x: tf.reduce_sum(model(x) ** 2), args=(inputs,)), axis=None)
+            gradients = tape.gradient(loss, model.trainable_variables)
+            optimizer.apply_gradients(zip(gradients, model.trainable_variables))
+
+        @tf.function
+        def tutorial():
+            def step(x):
+                with tf.GradientTape() as tape:
+                    loss = tf.reduce_sum(tutorial_model(x) ** 2)
+                gradients = tape.gradient(loss, tutorial_model.trainable_variables)
+                tutorial_optimizer.apply_gradients(
+                    zip(gradients, tutorial_model.trainable_variables))
+            strategy.run(step, args=(inputs,))
+
+        with strategy.scope():
+            edges[layers] = _transfers(spanning)
+            tutorial()
+        for weights, expected in zip(model.get_weights(), tutorial_model.get_weights()):
+            np.testing.assert_allclose(weights, expected, rtol=1e-5)
+        trained[layers] = len(model.trainable_variables)
+    more_variables = trained[4] - trained[1]
+    if packed:
+        assert edges[4] == edges[1]
+    else:
+        assert edges[4] - edges[1] == 2 * (REPLICAS - 1) * more_variables
+
+
+@pytest.mark.parametrize("configuration", PATCHED_CONFIGURATIONS, indirect=True)
+def test_packed_totals_keep_each_dtype_and_sum_an_unknown_shape_alone(
+        strategy, configuration):
+    """Variables of two dtypes pack apart; a variable of unknown shape is
+    summed on its own; every total is the sum over the replicas."""
+    with strategy.scope():
+        single = tf.Variable([1.0, 2.0])
+        double = tf.Variable(np.array([3.0], np.float64))
+        unknown = tf.Variable([[1.0, 1.0]], shape=tf.TensorShape(None))
+        matrix = tf.Variable([[2.0]])
+
+    def replica_loss():
+        weight = tf.cast(tf.distribute.get_replica_context().replica_id_in_sync_group + 1,
+                         tf.float32)
+        return weight * (tf.reduce_sum(single * single) +
+                         tf.cast(tf.reduce_sum(double * double), tf.float32) +
+                         3.0 * tf.reduce_sum(unknown) + tf.reduce_sum(matrix ** 3))
+
+    @tf.function
+    def gradients():
+        with tf.GradientTape() as tape:
+            loss = strategy.reduce("SUM", strategy.run(replica_loss), axis=None)
+        return tape.gradient(loss, [single, double, unknown, matrix])
+
+    with strategy.scope():
+        found = gradients()
+        graph = gradients.get_concrete_function().graph
+    weights = REPLICAS * (REPLICAS + 1) / 2
+    np.testing.assert_array_equal(found[0].numpy(), [2.0 * weights, 4.0 * weights])
+    assert found[1].dtype == tf.float64
+    np.testing.assert_array_equal(found[1].numpy(), [6.0 * weights])
+    np.testing.assert_array_equal(found[2].numpy(), [[3.0 * weights] * 2])
+    np.testing.assert_array_equal(found[3].numpy(), [[12.0 * weights]])
+    packed_sums = [op for op in graph.get_operations() if op.type == "AddN" and
+                   op.name.startswith(component_totals.TOTALS_SCOPE + "/")]
+    # float32: `single` and `matrix` (3 elements); float64: `double`.
+    assert sorted((op.outputs[0].dtype.name, op.outputs[0].shape.as_list())
+                  for op in packed_sums) == [("float32", [3]), ("float64", [1])]
+    assert {short(op.device) for op in packed_sums} == {"device:CPU:0"}

@@ -17,11 +17,18 @@ device and back out to every other. A gradient the program changed before
 the apply is a new tensor and is copied to the devices as TensorFlow copies
 it.
 
+Where the strategy's reduction would cost more than summing in this
+process (`_sums_in_place`: every device a CPU of this host), the totals
+are summed here instead: in a graph packed (`packed_totals`: each device's
+gradients flattened into one tensor, the packs summed on the first device,
+the sum sent back once to each device and cut there into that device's
+copies, a `Mirrored` value as above), since a graph sends each tensor
+between devices with a `_Send`/`_Recv` pair, and the per-variable way took
+two per variable and device (docs/benchmarks.md); eagerly one `add_n` per
+variable.
+
 Otherwise the sum is taken where `tape.gradient` runs (`sum_components`):
-where that costs no more than the strategy's reduction would
-(`ReductionToOneDevice` onto its first device; the default all-reduce of a
-MirroredStrategy whose devices are all this host's CPUs, eagerly and for
-small models in a graph), some components unconnected, `IndexedSlices`, one component, another
+some components unconnected, `IndexedSlices`, one component, another
 strategy's scope, and wherever the total could be differentiated or run
 again (a tape could record it: second order; a `tf.cond` branch, a loop
 body, the body `jacobian` and `tf.vectorized_map` vectorize), since the
@@ -92,9 +99,9 @@ class _Pending(typing.NamedTuple):
 
 
 def _sums_in_place(strategy, pending):
-    """Whether summing the totals `pending` (`_Pending`s) here, and copying
-    them to each device at the apply, costs no more than `strategy`'s own
-    reduction would.
+    """Whether summing the totals `pending` (`_Pending`s) in this process
+    (`packed_totals` in a graph, `sum_components` eagerly) costs no more
+    than `strategy`'s own reduction would.
 
     - Where the strategy would reduce on its first device by `add_n` and
       copy out (`ReductionToOneDevice`, MirroredStrategy's default for CPUs
@@ -103,7 +110,8 @@ def _sums_in_place(strategy, pending):
       with the collectives it picked by default: host memory has no links
       to spread traffic over, and collectives cost a launch per tensor
       (eagerly through a thread pool): measured faster in place at every
-      model size benchmarks/spanning_step.py tries (docs/benchmarks.md).
+      model size benchmarks/spanning_step.py tries, in a graph once packed
+      (docs/benchmarks.md).
 
     A reduction the program chose, and every GPU, stays the strategy's.
     """
@@ -136,9 +144,11 @@ def _may_reduce_here(strategy):
 def reduce(pairs):
     """The totals of `pairs`, (distributed variable, its components'
     gradients) each, `reducible`: reduced by the variables' strategies, one
-    batch per strategy, the copy on the current device of each remembered;
-    or summed in place, where the reduction may not run here
-    (`_may_reduce_here`) or costs more (`_sums_in_place`)."""
+    batch per strategy, or where that costs more (`_sums_in_place`) summed
+    in this process, in a graph packed (`packed_totals`), the copy on the
+    current device of each handed out and the others remembered (`here`);
+    or summed one by one where `tape.gradient` runs, where no reduction may
+    run (`_may_reduce_here`) or eagerly in place."""
     by_strategy = {}
     for index, (variable, gradients) in enumerate(pairs):
         strategy = variable.distribute_strategy
@@ -146,16 +156,69 @@ def reduce(pairs):
             _Pending(index, variable, gradients))
     totals = [None] * len(pairs)
     for strategy, pending in by_strategy.values():
-        if not _may_reduce_here(strategy) or _sums_in_place(strategy, pending):
-            for index, _, gradients in pending:
+        if not _may_reduce_here(strategy):
+            mirrored = None
+        elif not _sums_in_place(strategy, pending):
+            mirrored = strategy.extended.batch_reduce_to(
+                reduce_util.ReduceOp.SUM,
+                [(values_lib.PerReplica(tuple(gradients)), variable)
+                 for _, variable, gradients in pending])
+        elif not context.executing_eagerly():
+            mirrored = packed_totals([gradients for _, _, gradients in pending])
+        else:
+            mirrored = None
+        for position, (index, _, gradients) in enumerate(pending):
+            if mirrored is None or mirrored[position] is None:
                 totals[index] = sum_components(gradients)
-            continue
-        mirrored = strategy.extended.batch_reduce_to(
-            reduce_util.ReduceOp.SUM,
-            [(values_lib.PerReplica(tuple(gradients)), variable)
-             for _, variable, gradients in pending])
-        for (index, _, _), value in zip(pending, mirrored):
-            totals[index] = here(value)
+            else:
+                totals[index] = here(mirrored[position])
+    return totals
+
+
+TOTALS_SCOPE = "packed_totals"
+"""The name scope of the ops `packed_totals` adds to a graph."""
+
+
+def packed_totals(gradients):
+    """In a graph: the totals of several variables' components' dense
+    `gradients` (one list per variable, the components in device order),
+    each a `Mirrored` value with a copy on each component's device, summed
+    through one pack per device (per dtype and set of devices).
+
+    Each device's gradients are flattened and concatenated where they were
+    computed, the packs summed by one `add_n` on the first device, and the
+    sum cut back into each variable's shape on every device: one transfer
+    of the pack to the first device and one back per other device, instead
+    of two per variable. None for a gradient whose shape is not fully known
+    at trace time (summed alone by the caller).
+    """
+    groups = {}
+    for position, parts in enumerate(gradients):
+        if parts[0].shape.is_fully_defined():
+            key = (parts[0].dtype, tuple(part.device for part in parts))
+            groups.setdefault(key, []).append(position)
+    totals = [None] * len(gradients)
+    with ops.name_scope(TOTALS_SCOPE):
+        for (_, devices), positions in groups.items():
+            shapes = [gradients[position][0].shape for position in positions]
+            packs = []
+            for component, device in enumerate(devices):
+                with ops.device(device):
+                    packs.append(array_ops.concat(
+                        [array_ops.reshape(gradients[position][component], [-1])
+                         for position in positions], axis=0))
+            with ops.device(devices[0]):
+                packed_sum = math_ops.add_n(packs)
+            copies = []  # per device: each variable's total
+            for device in devices:
+                with ops.device(device):
+                    pieces = array_ops.split(
+                        packed_sum, [shape.num_elements() for shape in shapes])
+                    copies.append([array_ops.reshape(piece, shape)
+                                   for piece, shape in zip(pieces, shapes)])
+            for slot, position in enumerate(positions):
+                totals[position] = values_lib.Mirrored(
+                    tuple(on_device[slot] for on_device in copies))
     return totals
 
 
