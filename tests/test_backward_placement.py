@@ -560,6 +560,41 @@ def _transfers(function):
                for partition in graphs.partition_graphs for node in partition.node)
 
 
+def _one_step_each(strategy, inputs, layers):
+    """One traced spanning step and one tutorial step of SGD on two equal
+    stacks of `layers`: (the spanning step's transfers, its model, the
+    tutorial's model)."""
+    model = _stack(strategy, layers)
+    tutorial_model = _stack(strategy, layers)
+    tutorial_model.set_weights(model.get_weights())
+    with strategy.scope():
+        optimizer = tf.keras.optimizers.SGD(0.1)
+        tutorial_optimizer = tf.keras.optimizers.SGD(0.1)
+
+    @tf.function
+    def spanning():
+        with tf.GradientTape() as tape:
+            loss = strategy.reduce("SUM", strategy.run(
+                lambda x: tf.reduce_sum(model(x) ** 2), args=(inputs,)), axis=None)
+        gradients = tape.gradient(loss, model.trainable_variables)
+        optimizer.apply_gradients(zip(gradients, model.trainable_variables))
+
+    @tf.function
+    def tutorial():
+        def step(x):
+            with tf.GradientTape() as tape:
+                loss = tf.reduce_sum(tutorial_model(x) ** 2)
+            gradients = tape.gradient(loss, tutorial_model.trainable_variables)
+            tutorial_optimizer.apply_gradients(
+                zip(gradients, tutorial_model.trainable_variables))
+        strategy.run(step, args=(inputs,))
+
+    with strategy.scope():
+        transfers = _transfers(spanning)
+        tutorial()
+    return transfers, model, tutorial_model
+
+
 @pytest.mark.parametrize("configuration", PATCHED_CONFIGURATIONS, indirect=True)
 @pytest.mark.parametrize("packed", [True, False])
 def test_in_a_graph_totals_cross_devices_once_per_device_not_per_variable(
@@ -576,34 +611,7 @@ def test_in_a_graph_totals_cross_devices_once_per_device_not_per_variable(
     inputs = replica_inputs(strategy)
     edges, trained = {}, {}
     for layers in (1, 4):
-        model = _stack(strategy, layers)
-        tutorial_model = _stack(strategy, layers)
-        tutorial_model.set_weights(model.get_weights())
-        with strategy.scope():
-            optimizer = tf.keras.optimizers.SGD(0.1)
-            tutorial_optimizer = tf.keras.optimizers.SGD(0.1)
-
-        @tf.function
-        def spanning():
-            with tf.GradientTape() as tape:
-                loss = strategy.reduce("SUM", strategy.run(
-                    lambda x: tf.reduce_sum(model(x) ** 2), args=(inputs,)), axis=None)
-            gradients = tape.gradient(loss, model.trainable_variables)
-            optimizer.apply_gradients(zip(gradients, model.trainable_variables))
-
-        @tf.function
-        def tutorial():
-            def step(x):
-                with tf.GradientTape() as tape:
-                    loss = tf.reduce_sum(tutorial_model(x) ** 2)
-                gradients = tape.gradient(loss, tutorial_model.trainable_variables)
-                tutorial_optimizer.apply_gradients(
-                    zip(gradients, tutorial_model.trainable_variables))
-            strategy.run(step, args=(inputs,))
-
-        with strategy.scope():
-            edges[layers] = _transfers(spanning)
-            tutorial()
+        edges[layers], model, tutorial_model = _one_step_each(strategy, inputs, layers)
         for weights, expected in zip(model.get_weights(), tutorial_model.get_weights()):
             np.testing.assert_allclose(weights, expected, rtol=1e-5)
         trained[layers] = len(model.trainable_variables)
