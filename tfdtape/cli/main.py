@@ -1,4 +1,4 @@
-"""`python -m tfdtape verify|info|run`, or `tfdtape verify|info|run` (the
+"""`python -m tfdtape verify|info|run|launch`, or `tfdtape ...` (the
 console script, the same entry): the command line's entry.
 
 verify   runs every check in every configuration on MirroredStrategy over
@@ -7,6 +7,8 @@ info     lists versions, TensorFlow's resolution and the patch targets
          (tfdtape.cli.info_command).
 run      runs a script or module with tfdtape installed and reports what its
          gradient tapes did (tfdtape.cli.run_command).
+launch   starts the processes of a multi-worker job on this host, as
+         horovodrun does (tfdtape.cli.launch_command).
 
 `--version` prints tfdtape's release.
 
@@ -22,6 +24,7 @@ import sys
 from tfdtape import versions
 from tfdtape.cli import command_line
 from tfdtape.cli import info_command
+from tfdtape.cli import launch_command
 from tfdtape.cli import run_command
 from tfdtape.cli import verify_command
 
@@ -40,6 +43,10 @@ def _parser():
         "run", help="run a script (or -m module) and report what its tapes did",
         description=run_command.__doc__.split("\n\n", 1)[1],
         formatter_class=argparse.RawDescriptionHelpFormatter, add_help=False)
+    commands.add_parser(
+        "launch", help="start the processes of a multi-worker job (as horovodrun)",
+        description=launch_command.__doc__.split("\n\n", 1)[1],
+        formatter_class=argparse.RawDescriptionHelpFormatter, add_help=False)
     return parser
 
 
@@ -48,6 +55,8 @@ def main(argv=None):
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] == ["run"]:  # The script's own arguments are not ours to parse.
         return _report_usage_errors(run_command.run, argv[1:])
+    if argv[:1] == ["launch"]:  # Nor the launched command's.
+        return _report_usage_errors(launch_command.run, argv[1:])
     try:
         args = _parser().parse_args(argv)
     except SystemExit as exit_request:

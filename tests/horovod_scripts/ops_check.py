@@ -1,0 +1,99 @@
+"""Run under `tfdtape launch -np N`: every tfdtape.horovod operation on
+this rank, its results printed as one JSON object (the test compares them
+with their closed forms and across ranks)."""
+
+import json
+import os
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+import numpy as np
+import tensorflow as tf
+
+import tfdtape.horovod as hvd
+
+hvd.init()
+rank, size = hvd.rank(), hvd.size()
+found = {"rank": rank, "size": size, "local": [hvd.local_rank(), hvd.local_size()]}
+base = tf.constant([rank + 1.0, 2.0 * (rank + 1)])
+for name, op in [("average", hvd.Average), ("sum", hvd.Sum), ("min", hvd.Min),
+                 ("max", hvd.Max), ("product", hvd.Product)]:
+    found[name] = hvd.allreduce(base, op=op).numpy().tolist()
+found["scaled"] = hvd.allreduce(base, op=hvd.Sum, prescale_factor=2.0,
+                                postscale_factor=0.25).numpy().tolist()
+found["int_sum"] = hvd.allreduce(tf.constant([rank, 1]), op=hvd.Sum).numpy().tolist()
+try:
+    hvd.allreduce(tf.constant([rank]))
+except ValueError as error:
+    found["int_average"] = str(error)
+found["gathered"] = hvd.allgather(tf.fill((rank + 1, 2), float(rank))).numpy().tolist()
+found["gathered_bool"] = hvd.allgather(tf.constant([rank % 2 == 0])).numpy().tolist()
+found["broadcast"] = hvd.broadcast(tf.constant([rank * 10.0, 1.0]), size - 1).numpy().tolist()
+found["object"] = hvd.broadcast_object({"from": rank, "text": "x" * rank}, root_rank=1)
+found["objects"] = hvd.allgather_object(("rank", rank))
+slices = hvd.allreduce(tf.IndexedSlices(tf.constant([[float(rank)]]), tf.constant([rank]),
+                                        tf.constant([size, 1])))
+found["slices"] = [slices.values.numpy().tolist(), slices.indices.numpy().tolist()]
+grouped = hvd.grouped_allreduce([base, tf.constant([[rank * 1.0]]), tf.constant([rank])],
+                                op=hvd.Sum)
+found["grouped"] = [g.numpy().tolist() for g in grouped]
+
+
+@tf.function
+def traced(x):
+    return hvd.allreduce(x, op=hvd.Sum), hvd.allgather(tf.reshape(x, [-1, 1]))
+
+
+summed, gathered = traced(base)
+found["traced"] = [summed.numpy().tolist(), gathered.numpy().tolist()]
+
+x = tf.Variable([1.0, 2.0])
+with tf.GradientTape() as tape:
+    y = tf.reduce_sum(hvd.allreduce(x * (rank + 1.0), op=hvd.Sum))
+found["allreduce_gradient"] = tape.gradient(y, x).numpy().tolist()
+
+# Training: a linear model on the global batch, each rank its rows.
+features = np.arange(6 * size * 3, dtype=np.float32).reshape(6 * size, 3) / 10.0
+labels = (features @ np.array([[1.0], [-2.0], [0.5]], np.float32)) + 1.0
+rows = slice(6 * rank, 6 * (rank + 1))
+
+
+def train(mode):
+    """Three SGD steps from different weights per rank, broadcast from 0."""
+    weights = tf.Variable(tf.fill((3, 1), float(rank)))
+    bias = tf.Variable([0.0])
+    hvd.broadcast_variables([weights, bias], root_rank=0)
+    found.setdefault("broadcast_variables", weights.numpy().ravel().tolist())
+
+    def step():
+        with tf.GradientTape() as tape:
+            error = features[rows] @ weights + bias - labels[rows]
+            loss = tf.reduce_mean(error * error)
+        tape = hvd.DistributedGradientTape(tape)
+        gradients = tape.gradient(loss, [weights, bias])
+        weights.assign_sub(0.1 * gradients[0])
+        bias.assign_sub(0.1 * gradients[1])
+    if mode == "tf_function":
+        step = tf.function(step)
+    for _ in range(3):
+        step()
+    found[f"trained_{mode}"] = [weights.numpy().ravel().tolist(), bias.numpy().tolist()]
+
+
+for mode in ("eager", "tf_function"):
+    train(mode)
+
+
+@tf.function
+def fused_step(variables):
+    with tf.GradientTape() as tape:
+        loss = tf.add_n([tf.reduce_sum(v * v) for v in variables])
+    return hvd.DistributedGradientTape(tape).gradient(loss, variables)
+
+
+variables = [tf.Variable(tf.ones((2, 2))), tf.Variable([1.0]), tf.Variable(tf.ones(3)),
+             tf.Variable(2.0)]
+graph = fused_step.get_concrete_function(variables).graph
+found["collectives_per_step"] = sum(op.type == "CollectiveReduceV2"
+                                    for op in graph.get_operations())
+found["fused_gradients"] = [g.numpy().tolist() for g in fused_step(variables)]
+print(json.dumps(found), flush=True)

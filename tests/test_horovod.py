@@ -1,0 +1,234 @@
+"""`tfdtape.horovod`: Horovod's API on TensorFlow's collectives.
+
+In this process (a job of one: no TF_CONFIG): the single-process semantics,
+bad input and what is refused. On 2 and 3 processes on loopback started by
+`tfdtape launch` (cluster tests): every operation against its closed form,
+training with DistributedGradientTape eagerly and in tf.function against one
+device on the global batch, ranks bitwise equal, and a rank that fails ends
+the job.
+"""
+
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import tfdtape.horovod as hvd
+from tfdtape.horovod import fusion
+
+SCRIPTS = pathlib.Path(__file__).resolve().parent / "horovod_scripts"
+
+
+@pytest.fixture
+def alone(monkeypatch):
+    """hvd initialized as a job of one process (no TF_CONFIG, no Slurm)."""
+    for name in ("TF_CONFIG", "SLURM_NTASKS", "SLURM_PROCID"):
+        monkeypatch.delenv(name, raising=False)
+    hvd.init()
+    yield
+    hvd.shutdown()
+
+
+def test_before_init_every_question_is_refused_clearly():
+    hvd.shutdown()
+    assert not hvd.is_initialized()
+    for ask in (hvd.rank, hvd.size, lambda: hvd.allreduce(tf.constant(1.0))):
+        with pytest.raises(ValueError, match=r"^tfdtape: tfdtape.horovod has not been "
+                                             r"initialized .*call hvd.init\(\) first"):
+            ask()
+
+
+def test_a_job_of_one_process(alone):
+    assert hvd.is_initialized()
+    assert [hvd.rank(), hvd.size(), hvd.local_rank(), hvd.local_size(),
+            hvd.cross_rank(), hvd.cross_size()] == [0, 1, 0, 1, 0, 1]
+    value = tf.constant([1.0, 3.0])
+    for op in (hvd.Average, hvd.Sum, hvd.Min, hvd.Max, hvd.Product):
+        np.testing.assert_array_equal(hvd.allreduce(value, op=op).numpy(), [1.0, 3.0])
+    np.testing.assert_array_equal(
+        hvd.allreduce(value, prescale_factor=2.0, postscale_factor=3.0).numpy(), [6.0, 18.0])
+    np.testing.assert_array_equal(hvd.allgather(tf.ones((2, 1))).numpy(), [[1.0], [1.0]])
+    np.testing.assert_array_equal(hvd.broadcast(value, 0).numpy(), [1.0, 3.0])
+    assert hvd.broadcast_object({"a": 1}) == {"a": 1}
+    assert hvd.allgather_object("x") == ["x"]
+    w = tf.Variable([2.0])
+    with tf.GradientTape() as tape:
+        loss = tf.reduce_sum(w * w)
+    distributed = hvd.DistributedGradientTape(tape)
+    assert isinstance(distributed, tf.GradientTape)
+    assert type(distributed).__name__ == "GradientTape"
+    np.testing.assert_array_equal(distributed.gradient(loss, [w])[0].numpy(), [4.0])
+
+
+@pytest.mark.parametrize("call, message", [
+    (lambda: hvd.allreduce(tf.constant([1])), "an integer tensor was to be averaged"),
+    (lambda: hvd.allreduce(tf.constant(1.0), op=hvd.Sum, average=True),
+     "both op and average were given"),
+    (lambda: hvd.allreduce(tf.constant(1.0), op=17), "an unknown reduction op"),
+    (lambda: hvd.allgather(tf.constant(1.0)), "a scalar was to be gathered"),
+    (lambda: hvd.broadcast(tf.constant(1.0), 1), "a broadcast from a rank the job does not have"),
+    (lambda: hvd.allreduce(tf.constant(["a"]), op=hvd.Sum),
+     "a tensor of a dtype no collective carries"),
+    (lambda: hvd.allreduce(tf.IndexedSlices(tf.ones((1, 1)), tf.constant([0])), op=hvd.Max),
+     "IndexedSlices were to be reduced by Max"),
+    (lambda: hvd.DistributedGradientTape(tf.GradientTape(), op=hvd.Sum,
+                                         gradient_predivide_factor=2.0),
+     "gradient_predivide_factor was given with an op other than Average"),
+])
+def test_bad_input_is_one_clear_error(alone, call, message):
+    with pytest.raises(ValueError) as raised:
+        call()
+    assert str(raised.value).startswith(f"tfdtape: {message} (tfdtape.horovod")
+    assert f"TensorFlow {tf.__version__}" in str(raised.value)
+
+
+def test_a_tape_must_be_a_tape(alone):
+    with pytest.raises(TypeError, match="expected a tf.GradientTape, found list"):
+        hvd.DistributedGradientTape([])
+
+
+@pytest.mark.parametrize("use", [
+    lambda: hvd.allreduce(tf.constant(1.0), op=hvd.Adasum),
+    lambda: hvd.alltoall(tf.constant([1.0])),
+    lambda: hvd.reducescatter(tf.constant([1.0])),
+    lambda: hvd.join(),
+    lambda: hvd.start_timeline("/tmp/t.json"),
+    lambda: hvd.add_process_set([0]),
+    lambda: hvd.allreduce(tf.constant(1.0), process_set=object()),
+    lambda: hvd.elastic.run,
+    lambda: hvd.SyncBatchNormalization(),
+    lambda: hvd.init(comm=[0, 1]),
+])
+def test_what_horovod_has_and_this_does_not_is_refused_naming_the_alternative(alone, use):
+    with pytest.raises(NotImplementedError) as raised:
+        use()
+    text = str(raised.value)
+    assert text.startswith("tfdtape: ") and "in TensorFlow" in text
+    assert text.rstrip(".").rsplit(". ", 1)[-1]  # a remedy follows
+
+
+def test_gradients_through_min_max_product_are_refused(alone):
+    x = tf.Variable([1.0])
+    with tf.GradientTape() as tape:
+        y = hvd.allreduce(x, op=hvd.Max)
+    with pytest.raises(LookupError, match="a gradient through an all-reduce with no "
+                                          "derivative"):
+        tape.gradient(y, x)
+
+
+def test_fusion_packs_one_dtype_up_to_the_threshold(monkeypatch):
+    tensors = [tf.zeros((4,)), tf.zeros((2,), tf.float64), tf.zeros((4,)), tf.zeros((8,))]
+    assert fusion.packs(tensors) == [[0, 2, 3], [1]]
+    monkeypatch.setenv("HOROVOD_FUSION_THRESHOLD", "32")  # 8 float32
+    assert fusion.packs(tensors) == [[0, 2], [1], [3]]
+    monkeypatch.setenv("HOROVOD_FUSION_THRESHOLD", "0")
+    assert fusion.packs(tensors) == [[0], [1], [2], [3]]
+    monkeypatch.setenv("HOROVOD_FUSION_THRESHOLD", "lots")
+    with pytest.raises(ValueError, match="HOROVOD_FUSION_THRESHOLD is not a size"):
+        fusion.packs(tensors)
+
+
+def launch(processes, script, timeout=300, env=None):
+    environment = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", **(env or {}))
+    environment.pop("TF_CONFIG", None)
+    return subprocess.run(
+        [sys.executable, "-m", "tfdtape", "launch", "-np", str(processes), "--grace", "5",
+         sys.executable, str(SCRIPTS / script)],
+        capture_output=True, text=True, env=environment, timeout=timeout)
+
+
+def outputs(completed):
+    """rank -> the JSON object it printed."""
+    found = {}
+    for line in completed.stdout.splitlines():
+        prefix, _, text = line.partition("<stdout>:")
+        found[int(prefix.strip("[]"))] = json.loads(text)
+    return found
+
+
+def one_device_training(size, steps=3):
+    """The ops_check training on one device on the global batch (NumPy)."""
+    features = np.arange(6 * size * 3, dtype=np.float32).reshape(6 * size, 3) / 10.0
+    labels = features @ np.array([[1.0], [-2.0], [0.5]], np.float32) + 1.0
+    weights, bias = np.zeros((3, 1), np.float32), np.zeros(1, np.float32)
+    for _ in range(steps):
+        error = features @ weights + bias - labels
+        weights = weights - 0.1 * (2.0 * features.T @ error / len(features))
+        bias = bias - 0.1 * (2.0 * error.mean(axis=0))
+    return weights.ravel(), bias
+
+
+@pytest.mark.cluster
+@pytest.mark.parametrize("processes", [2, 3])
+def test_every_operation_matches_its_closed_form(processes):
+    completed = launch(processes, "ops_check.py")
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    found = outputs(completed)
+    assert sorted(found) == list(range(processes))
+    n = processes
+    ranks = np.arange(1, n + 1, dtype=np.float64)
+    for rank, result in found.items():
+        assert result["rank"] == rank and result["size"] == n
+        assert result["local"] == [rank, n]
+        assert result["average"] == [ranks.mean(), 2 * ranks.mean()]
+        assert result["sum"] == [ranks.sum(), 2 * ranks.sum()]
+        assert result["min"] == [1.0, 2.0] and result["max"] == [n, 2.0 * n]
+        assert result["product"] == [np.prod(ranks), np.prod(2 * ranks)]
+        assert result["scaled"] == [ranks.sum() / 2, ranks.sum()]
+        assert result["int_sum"] == [n * (n - 1) // 2, n]
+        assert result["int_average"].startswith("tfdtape: an integer tensor was to be averaged")
+        # Uneven first dimensions: rank r gives r + 1 rows of r.
+        assert result["gathered"] == [[float(r)] * 2 for r in range(n) for _ in range(r + 1)]
+        assert result["gathered_bool"] == [r % 2 == 0 for r in range(n)]
+        assert result["broadcast"] == [(n - 1) * 10.0, 1.0]  # from the last rank
+        assert result["object"] == {"from": 1, "text": "x"}
+        assert result["objects"] == [["rank", r] for r in range(n)]
+        assert result["slices"] == [[[float(np.float32(r) / np.float32(n))] for r in range(n)],
+                                    list(range(n))]
+        assert result["grouped"] == [[ranks.sum(), 2 * ranks.sum()],
+                                     [[n * (n - 1) / 2]], [n * (n - 1) // 2]]
+        assert result["traced"] == [[ranks.sum(), 2 * ranks.sum()],
+                                    [[v] for r in ranks for v in (r, 2 * r)]]
+        # Horovod's gradient of a Sum all-reduce: the Sum of the upstream ones.
+        assert result["allreduce_gradient"] == [(rank + 1.0) * n] * 2
+        assert result["broadcast_variables"] == [0.0] * 3  # rank 0's, on every rank
+        weights, bias = one_device_training(n)
+        for mode in ("eager", "tf_function"):
+            np.testing.assert_allclose(result[f"trained_{mode}"][0], weights, rtol=1e-5)
+            np.testing.assert_allclose(result[f"trained_{mode}"][1], bias, rtol=1e-5)
+        # Four gradients of one dtype: one collective per step.
+        assert result["collectives_per_step"] == 1
+        assert result["fused_gradients"] == [[[2.0, 2.0], [2.0, 2.0]], [2.0], [2.0] * 3, 4.0]
+    # Every rank trained to the same bits.
+    assert len({json.dumps([r["trained_eager"], r["trained_tf_function"]])
+                for r in found.values()}) == 1
+
+
+@pytest.mark.cluster
+def test_a_rank_that_fails_ends_the_job_instead_of_a_hang(tmp_path):
+    script = tmp_path / "fails.py"
+    script.write_text(
+        "import os\n"
+        "os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '3')\n"
+        "import tensorflow as tf\n"
+        "import tfdtape.horovod as hvd\n"
+        "hvd.init()\n"
+        "hvd.allreduce(tf.constant(1.0))\n"
+        "if hvd.rank() == 1:\n"
+        "    raise SystemExit(5)\n"
+        "hvd.allreduce(tf.constant(2.0))  # rank 1 never joins\n"
+        "print('unreachable', flush=True)\n")
+    completed = subprocess.run(
+        [sys.executable, "-m", "tfdtape", "launch", "-np", "2", "--grace", "3",
+         sys.executable, str(script)],
+        capture_output=True, text=True, timeout=240,
+        env={k: v for k, v in os.environ.items() if k != "TF_CONFIG"})
+    assert completed.returncode == 5
+    assert "unreachable" not in completed.stdout
+    assert completed.stderr.splitlines()[-1] == (
+        "tfdtape launch: rank 1 exited with status 5; the other processes were stopped")

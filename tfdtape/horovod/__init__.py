@@ -1,0 +1,120 @@
+"""Horovod's TensorFlow API on TensorFlow's own collectives:
+`import tfdtape.horovod as hvd` in place of `import horovod.tensorflow as
+hvd`, and `tfdtape launch` in place of `horovodrun`.
+
+The engine is `basics` (the job, from the launcher's TF_CONFIG, a
+TF_CONFIG of your own, or a Slurm allocation), the collectives are `ops`
+(fused by `fusion`), the tapes are `tape`. What Horovod has and this does
+not raises NotImplementedError naming the alternative (`unsupported`).
+docs/horovod.md maps one to the other.
+"""
+
+from tfdtape.horovod.basics import ccl_built
+from tfdtape.horovod.basics import cross_rank
+from tfdtape.horovod.basics import cross_size
+from tfdtape.horovod.basics import cuda_built
+from tfdtape.horovod.basics import ddl_built
+from tfdtape.horovod.basics import gloo_built
+from tfdtape.horovod.basics import gloo_enabled
+from tfdtape.horovod.basics import init
+from tfdtape.horovod.basics import is_homogeneous
+from tfdtape.horovod.basics import is_initialized
+from tfdtape.horovod.basics import local_rank
+from tfdtape.horovod.basics import local_size
+from tfdtape.horovod.basics import mpi_built
+from tfdtape.horovod.basics import mpi_enabled
+from tfdtape.horovod.basics import mpi_threads_supported
+from tfdtape.horovod.basics import nccl_built
+from tfdtape.horovod.basics import rank
+from tfdtape.horovod.basics import rocm_built
+from tfdtape.horovod.basics import shutdown
+from tfdtape.horovod.basics import size
+from tfdtape.horovod.compression import Compression
+from tfdtape.horovod.ops import Adasum
+from tfdtape.horovod.ops import Average
+from tfdtape.horovod.ops import Max
+from tfdtape.horovod.ops import Min
+from tfdtape.horovod.ops import ProcessSet
+from tfdtape.horovod.ops import Product
+from tfdtape.horovod.ops import Sum
+from tfdtape.horovod.ops import allgather
+from tfdtape.horovod.ops import allgather_object
+from tfdtape.horovod.ops import allreduce
+from tfdtape.horovod.ops import broadcast
+from tfdtape.horovod.ops import broadcast_object
+from tfdtape.horovod.ops import broadcast_variables
+from tfdtape.horovod.ops import global_process_set
+from tfdtape.horovod.ops import grouped_allreduce
+from tfdtape.horovod.tape import DistributedGradientTape
+from tfdtape.horovod.tape import PartialDistributedGradientTape
+from tfdtape.horovod.unsupported import refusing as _refusing
+
+alltoall = _refusing("alltoall")
+reducescatter = _refusing("reducescatter")
+join = _refusing("join")
+start_timeline = _refusing("timeline")
+stop_timeline = _refusing("timeline")
+add_process_set = _refusing("process_sets")
+remove_process_set = _refusing("process_sets")
+SyncBatchNormalization = _refusing("SyncBatchNormalization")
+
+
+class _Elastic:
+    """hvd.elastic: refused on any use."""
+
+    def __getattr__(self, name):
+        from tfdtape.horovod import unsupported
+        unsupported.refuse("elastic")
+
+
+elastic = _Elastic()
+
+__all__ = [
+    "Adasum",
+    "add_process_set",
+    "allgather",
+    "allgather_object",
+    "allreduce",
+    "alltoall",
+    "Average",
+    "broadcast",
+    "broadcast_object",
+    "broadcast_variables",
+    "ccl_built",
+    "Compression",
+    "cross_rank",
+    "cross_size",
+    "cuda_built",
+    "ddl_built",
+    "DistributedGradientTape",
+    "elastic",
+    "global_process_set",
+    "gloo_built",
+    "gloo_enabled",
+    "grouped_allreduce",
+    "init",
+    "is_homogeneous",
+    "is_initialized",
+    "join",
+    "local_rank",
+    "local_size",
+    "Max",
+    "Min",
+    "mpi_built",
+    "mpi_enabled",
+    "mpi_threads_supported",
+    "nccl_built",
+    "PartialDistributedGradientTape",
+    "ProcessSet",
+    "Product",
+    "rank",
+    "reducescatter",
+    "remove_process_set",
+    "rocm_built",
+    "shutdown",
+    "size",
+    "start_timeline",
+    "stop_timeline",
+    "Sum",
+    "SyncBatchNormalization",
+]

@@ -1,0 +1,240 @@
+"""The process's place in a Horovod-style job, and the engine under it.
+
+`init()` finds the job: the environment `tfdtape launch` gives each process
+(`TF_CONFIG`, `TFDTAPE_LOCAL_RANK`, ...), a `TF_CONFIG` of the user's own,
+or a Slurm allocation of several tasks (through TensorFlow's cluster
+resolvers). With several processes it starts TensorFlow's collective
+runtime over gRPC by creating a MultiWorkerMirroredStrategy, whose
+collectives (one allocator of group and instance keys for everything) every
+operation of `tfdtape.horovod` issues on this process's one device. With
+none, the job is this process alone: size 1, every collective the identity.
+
+Ranks are the strategy's task indices; the local rank and size come from
+the launcher's environment, else from the cluster's host names.
+"""
+
+import dataclasses
+import json
+import os
+import threading
+
+import tensorflow as tf
+
+from tfdtape import errors
+
+_lock = threading.Lock()
+_state = None  # The Job once init() ran, until shutdown().
+_joined = None  # The Job joined first: TensorFlow's runtime cannot leave it.
+
+
+@dataclasses.dataclass(frozen=True)
+class Job:
+    """What `init()` found: this process's place and, with several
+    processes, the strategy and launcher its collectives go through."""
+    rank: int
+    size: int
+    local_rank: int
+    local_size: int
+    cross_rank: int
+    cross_size: int
+    strategy: object = None
+    launcher: object = None  # TensorFlow's CollectiveReplicaLauncher
+    device: str = ""
+
+
+def init(comm=None, process_sets=None):
+    """Joins the job this process belongs to (once; later calls do nothing).
+
+    Raises:
+        NotImplementedError: `comm` (an MPI communicator) or `process_sets`.
+        RuntimeError: this process sees several GPUs (one process per GPU:
+            start it with `tfdtape launch`), or TensorFlow's runtime started
+            before `init()` with several processes.
+    """
+    global _state, _joined
+    if comm is not None:
+        raise NotImplementedError(errors.message(
+            "init() was given an MPI communicator", "tfdtape.horovod.init",
+            "no comm (tfdtape.horovod has no MPI: its processes find each other "
+            "through TF_CONFIG, which `tfdtape launch` sets)", type(comm).__name__,
+            "call hvd.init() without comm and start the job with `tfdtape launch`"))
+    if process_sets:
+        from tfdtape.horovod import unsupported
+        unsupported.refuse("process_sets")
+    with _lock:
+        if _joined is None:
+            _joined = _join()
+        _state = _joined
+
+
+def _join():
+    resolver = _cluster_resolver()
+    if resolver is None:
+        return Job(rank=0, size=1, local_rank=0, local_size=1, cross_rank=0,
+                   cross_size=1)
+    workers = resolver.cluster_spec().as_dict().get("worker", [])
+    try:
+        strategy = tf.distribute.MultiWorkerMirroredStrategy(cluster_resolver=resolver)
+    except RuntimeError as error:
+        raise RuntimeError(errors.message(
+            "init() could not start TensorFlow's collectives between processes",
+            "tfdtape.horovod.init",
+            "init() before TensorFlow runs its first operation", str(error),
+            "call hvd.init() right after importing TensorFlow, before building "
+            "models or tensors")) from error
+    extended = strategy.extended
+    if len(extended.worker_devices) != 1:
+        raise RuntimeError(errors.message(
+            "a process of the job sees several devices", "tfdtape.horovod.init",
+            "one device per process (a Horovod job runs one process per GPU)",
+            ", ".join(extended.worker_devices),
+            "start the job with `tfdtape launch`, which gives each process its "
+            "own GPU, or set CUDA_VISIBLE_DEVICES per process"))
+    rank = resolver.task_id
+    hosts = [address.rsplit(":", 1)[0] for address in workers]
+    local_rank, local_size = _local_place(rank, hosts)
+    host_order = list(dict.fromkeys(hosts))
+    cross_rank = _environment_int("CROSS_RANK", host_order.index(hosts[rank]))
+    cross_size = _environment_int("CROSS_SIZE", len(host_order))
+    return Job(rank=rank, size=len(workers), local_rank=local_rank,
+               local_size=local_size, cross_rank=cross_rank, cross_size=cross_size,
+               strategy=strategy,
+               launcher=extended._cross_device_ops._launchers[0],
+               device=extended.worker_devices[0])
+
+
+def _cluster_resolver():
+    """TensorFlow's resolver of the job this process is in, or None when it
+    is alone (no TF_CONFIG with several workers, no Slurm job of several
+    tasks)."""
+    config = os.environ.get("TF_CONFIG")
+    if config:
+        try:
+            workers = json.loads(config).get("cluster", {}).get("worker", [])
+        except (ValueError, AttributeError) as error:
+            raise ValueError(errors.message(
+                "the job's processes cannot be read from TF_CONFIG",
+                "tfdtape.horovod.init", "a JSON object with a cluster",
+                f"{config[:80]!r} ({error})",
+                "start the job with `tfdtape launch`, or set TF_CONFIG as "
+                "MultiWorkerMirroredStrategy documents it")) from None
+        if len(workers) > 1:
+            return tf.distribute.cluster_resolver.TFConfigClusterResolver()
+        return None
+    if int(os.environ.get("SLURM_NTASKS", "1")) > 1 and "SLURM_PROCID" in os.environ:
+        return tf.distribute.cluster_resolver.SlurmClusterResolver(
+            jobs={"worker": int(os.environ["SLURM_NTASKS"])}, gpus_per_task=None)
+    return None
+
+
+def _environment_int(name, default):
+    """TFDTAPE_<name>, else HOROVOD_<name>, else `default`."""
+    for prefix in ("TFDTAPE_", "HOROVOD_"):
+        if prefix + name in os.environ:
+            return int(os.environ[prefix + name])
+    return default
+
+
+def _local_place(rank, hosts):
+    """(local rank, local size): the launcher's, else from the hosts."""
+    same_host = [index for index, host in enumerate(hosts) if host == hosts[rank]]
+    return (_environment_int("LOCAL_RANK", same_host.index(rank)),
+            _environment_int("LOCAL_SIZE", len(same_host)))
+
+
+def job():
+    """The Job `init()` joined.
+
+    Raises:
+        ValueError: `init()` was not called (Horovod's own message names it).
+    """
+    state = _state
+    if state is None:
+        raise ValueError(errors.message(
+            "tfdtape.horovod has not been initialized", "tfdtape.horovod",
+            "hvd.init() before rank, size or a collective", "no init()",
+            "call hvd.init() first"))
+    return state
+
+
+def shutdown():
+    """Leaves the job: rank, size and the collectives refuse until `init()`
+    (TensorFlow's collective runtime stays up, as it cannot be stopped in a
+    running process: a later `init()` is in the same job again)."""
+    global _state
+    with _lock:
+        _state = None
+
+
+def is_initialized():
+    return _state is not None
+
+
+def size():
+    return job().size
+
+
+def rank():
+    return job().rank
+
+
+def local_size():
+    return job().local_size
+
+
+def local_rank():
+    return job().local_rank
+
+
+def cross_size():
+    return job().cross_size
+
+
+def cross_rank():
+    return job().cross_rank
+
+
+def is_homogeneous():
+    """Whether every host runs as many processes (Horovod's question)."""
+    state = job()
+    return state.size == state.local_size * state.cross_size
+
+
+def mpi_threads_supported():
+    return False
+
+
+def mpi_enabled():
+    return False
+
+
+def mpi_built():
+    return False
+
+
+def gloo_enabled():
+    return False
+
+
+def gloo_built():
+    return False
+
+
+def nccl_built():
+    return False
+
+
+def ddl_built():
+    return False
+
+
+def ccl_built():
+    return False
+
+
+def cuda_built():
+    return tf.test.is_built_with_cuda()
+
+
+def rocm_built():
+    return tf.test.is_built_with_rocm()

@@ -1,0 +1,134 @@
+"""Horovod's `DistributedGradientTape` and `PartialDistributedGradientTape`:
+a gradient tape whose `gradient` all-reduces the gradients across the
+processes of the job (`tfdtape.horovod.ops`, fused).
+
+As Horovod does, the tape the user recorded with is wrapped after its
+`with` block; the result is an instance of a subclass of the tape's own
+class sharing its state, so only `gradient` changes.
+"""
+
+import tensorflow as tf
+
+from tfdtape import errors
+from tfdtape.horovod import basics
+from tfdtape.horovod import compression as compression_lib
+from tfdtape.horovod import ops
+
+_SETTINGS = "_tfdtape_horovod"
+_subclasses = {}
+
+
+def DistributedGradientTape(gradtape, device_dense="", device_sparse="",
+                            compression=compression_lib.Compression.none,
+                            sparse_as_dense=False, op=ops.Average,
+                            gradient_predivide_factor=1.0, num_groups=0, groups=None,
+                            process_set=None, scale_local_gradients=True):
+    """`gradtape` whose `gradient` all-reduces every gradient by `op`
+    (Horovod's default: the average over the processes).
+
+    `gradient_predivide_factor` f (Average only) divides by f before the
+    sum and by size / f after it. `sparse_as_dense` densifies IndexedSlices
+    first. `num_groups` and `groups` are accepted for Horovod's signature;
+    how the gradients are packed is `fusion`'s (HOROVOD_FUSION_THRESHOLD).
+    """
+    return _wrapped(gradtape, _settings(
+        "tfdtape.horovod.DistributedGradientTape", compression, sparse_as_dense, op,
+        gradient_predivide_factor, process_set, scale_local_gradients, local=()))
+
+
+def PartialDistributedGradientTape(gradtape, device_dense="", device_sparse="",
+                                   compression=compression_lib.Compression.none,
+                                   sparse_as_dense=False, op=ops.Average,
+                                   gradient_predivide_factor=1.0, num_groups=0,
+                                   groups=None, process_set=None, local_layers=None,
+                                   scale_local_gradients=True):
+    """`DistributedGradientTape` whose `local_layers`' weights (and sources
+    given to `register_local_source`) are not all-reduced: their gradients
+    are this process's own, divided by the size with
+    `scale_local_gradients`."""
+    layers = [] if local_layers is None else (
+        list(local_layers) if isinstance(local_layers, (list, tuple)) else [local_layers])
+    local = [weight for layer in layers for weight in layer.trainable_weights]
+    return _wrapped(gradtape, _settings(
+        "tfdtape.horovod.PartialDistributedGradientTape", compression, sparse_as_dense,
+        op, gradient_predivide_factor, process_set, scale_local_gradients, local))
+
+
+def _settings(symbol, compression, sparse_as_dense, op, predivide, process_set,
+              scale_local, local):
+    op = ops.resolve_op(op, None, symbol)
+    if predivide != 1.0 and op != ops.Average:
+        raise ValueError(errors.message(
+            "gradient_predivide_factor was given with an op other than Average",
+            symbol, "op=hvd.Average with a predivide factor", f"op={op}",
+            "drop gradient_predivide_factor, or use op=hvd.Average"))
+    if process_set is not None and process_set is not ops.global_process_set:
+        from tfdtape.horovod import unsupported
+        unsupported.refuse("process_sets")
+    return {"compression": compression, "sparse_as_dense": sparse_as_dense, "op": op,
+            "predivide": predivide, "scale_local": scale_local,
+            "local": {id(weight) for weight in local}}
+
+
+def _wrapped(gradtape, settings):
+    if not isinstance(gradtape, tf.GradientTape):
+        raise TypeError(errors.message(
+            "a DistributedGradientTape was asked to wrap something else",
+            "tfdtape.horovod.DistributedGradientTape", "a tf.GradientTape",
+            type(gradtape).__name__, "pass the tape of your `with tf.GradientTape()` block"))
+    base = type(gradtape)
+    if base in _subclasses.values():
+        base = base.__mro__[1]
+    subclass = _subclasses.get(base)
+    if subclass is None:
+        subclass = type(base.__name__, (base,), {
+            "gradient": _gradient, "register_local_source": _register_local_source,
+            "__doc__": base.__doc__})
+        _subclasses[base] = subclass
+    tape = subclass.__new__(subclass)
+    tape.__dict__.update(gradtape.__dict__)
+    setattr(tape, _SETTINGS, dict(settings, local=set(settings["local"])))
+    return tape
+
+
+def _register_local_source(self, source):
+    """Keeps `source`'s gradient this process's own (not all-reduced)."""
+    getattr(self, _SETTINGS)["local"].add(id(source))
+
+
+def _gradient(self, target, sources, output_gradients=None, use_generic_names=False,
+              **options):
+    """The tape's gradient, each all-reduced across the processes."""
+    settings = getattr(self, _SETTINGS)
+    gradients = type(self).__mro__[1].gradient(self, target, sources, output_gradients,
+                                               **options)
+    flat_sources = tf.nest.flatten(sources)
+    flat = tf.nest.flatten(gradients)
+    size = basics.size()
+    reduced = list(flat)
+    shared = []
+    for index, (source, gradient) in enumerate(zip(flat_sources, flat)):
+        if gradient is None:
+            continue
+        if settings["sparse_as_dense"] and isinstance(gradient, tf.IndexedSlices):
+            gradient = tf.convert_to_tensor(gradient)
+            reduced[index] = gradient
+        if id(source) in settings["local"]:
+            if settings["scale_local"] and size > 1:
+                reduced[index] = gradient / tf.cast(size, gradient.dtype) \
+                    if not isinstance(gradient, tf.IndexedSlices) else tf.IndexedSlices(
+                        gradient.values / tf.cast(size, gradient.values.dtype),
+                        gradient.indices, gradient.dense_shape)
+            continue
+        shared.append(index)
+    op, predivide = settings["op"], settings["predivide"]
+    prescale, postscale = 1.0, 1.0
+    if op == ops.Average and predivide != 1.0:
+        op, prescale, postscale = ops.Sum, 1.0 / predivide, predivide / size
+    with tf.name_scope("DistributedGradientTape_Allreduce"):
+        results = ops.grouped_allreduce(
+            [reduced[index] for index in shared], op=op, prescale_factor=prescale,
+            postscale_factor=postscale, compression=settings["compression"])
+    for index, result in zip(shared, results):
+        reduced[index] = result
+    return tf.nest.pack_sequence_as(gradients, reduced)

@@ -1,0 +1,58 @@
+"""What Horovod has and tfdtape.horovod does not: each refused with what to
+use instead, never a silent no-op."""
+
+from tfdtape import errors
+
+ALTERNATIVES = {
+    "process_sets": (
+        "process sets (collectives among some of the processes)",
+        "collectives among every process of the job",
+        "run one job per group of processes, or use hvd.allgather and select"),
+    "Adasum": (
+        "the Adasum reduction",
+        "hvd.Average, hvd.Sum, hvd.Min, hvd.Max or hvd.Product",
+        "use op=hvd.Average (Horovod's default)"),
+    "elastic": (
+        "elastic training (hvd.elastic)",
+        "a job of fixed size",
+        "restart the job from a checkpoint with tf.train.CheckpointManager, or "
+        "use tf.distribute's fault tolerance (BackupAndRestore)"),
+    "timeline": (
+        "Horovod's timeline",
+        "TensorFlow's profiler",
+        "use tf.profiler.experimental.start(logdir) / stop()"),
+    "join": (
+        "hvd.join (uneven numbers of steps per process)",
+        "the same number of steps on every process",
+        "give every process the same number of batches (tf.data's shard and take)"),
+    "alltoall": (
+        "hvd.alltoall",
+        "allreduce, grouped_allreduce, allgather or broadcast",
+        "express the exchange with hvd.allgather and a slice"),
+    "reducescatter": (
+        "hvd.reducescatter",
+        "allreduce, grouped_allreduce, allgather or broadcast",
+        "use hvd.allreduce and take this rank's slice"),
+    "SyncBatchNormalization": (
+        "horovod's SyncBatchNormalization",
+        "Keras's own synchronized BatchNormalization",
+        "use keras.layers.BatchNormalization(synchronized=True) under a "
+        "MultiWorkerMirroredStrategy"),
+}
+
+
+def refuse(feature):
+    """Raises NotImplementedError naming `feature` and the alternative."""
+    what, expected, remedy = ALTERNATIVES[feature]
+    raise NotImplementedError(errors.message(
+        f"{what} is not in tfdtape.horovod", "tfdtape.horovod", expected, what,
+        remedy))
+
+
+def refusing(feature):
+    """A function that refuses `feature` whatever it is called with."""
+    def refused(*_args, **_kwargs):
+        refuse(feature)
+    refused.__name__ = feature
+    refused.__doc__ = f"Not in tfdtape.horovod: raises NotImplementedError ({feature})."
+    return refused
