@@ -232,3 +232,65 @@ def test_a_rank_that_fails_ends_the_job_instead_of_a_hang(tmp_path):
     assert "unreachable" not in completed.stdout
     assert completed.stderr.splitlines()[-1] == (
         "tfdtape launch: rank 1 exited with status 5; the other processes were stopped")
+
+
+def test_the_keras_optimizer_refuses_what_it_does_not_do(alone):
+    import tfdtape.horovod.keras as hvd_keras
+    with pytest.raises(NotImplementedError, match="backward_passes_per_step was given .*"
+                                                  "gradient_accumulation_steps=N instead"):
+        hvd_keras.DistributedOptimizer(tf.keras.optimizers.SGD(0.1), backward_passes_per_step=2)
+    with pytest.raises(ValueError, match="gradient_predivide_factor was given with an op"):
+        hvd_keras.DistributedOptimizer(tf.keras.optimizers.SGD(0.1), op=hvd.Sum,
+                                       gradient_predivide_factor=2.0)
+    with pytest.raises(ValueError, match="expected a Keras optimizer, found str"):
+        hvd_keras.DistributedOptimizer("sgd")
+
+
+def test_keras_fit_alone_with_the_optimizer_and_the_schedule(alone):
+    """A job of one: fit with DistributedOptimizer trains as the optimizer
+    does; the schedule sets each epoch's learning rate; the metric average
+    keeps the logs."""
+    import tfdtape.horovod.keras as hvd_keras
+    features = np.linspace(-1.0, 1.0, 12, dtype=np.float32).reshape(4, 3)
+    labels = np.ones((4, 1), np.float32)
+    models = []
+    for distributed in (False, True):
+        model = tf.keras.Sequential([tf.keras.Input((3,)), tf.keras.layers.Dense(
+            1, kernel_initializer="zeros")])
+        optimizer = tf.keras.optimizers.SGD(0.1)
+        model.compile(hvd_keras.DistributedOptimizer(optimizer) if distributed else optimizer,
+                      loss="mse")
+        history = model.fit(features, labels, batch_size=4, epochs=3, verbose=0, callbacks=[
+            hvd_keras.callbacks.LearningRateScheduleCallback(0.1, 0.5, start_epoch=1),
+            hvd_keras.callbacks.MetricAverageCallback()])
+        models.append((model.get_weights(), history.history))
+    (plain, plain_history), (distributed, distributed_history) = models
+    for expected, found in zip(plain, distributed):  # rounding apart
+        np.testing.assert_allclose(found, expected, rtol=1e-6, atol=1e-7)
+    np.testing.assert_allclose(distributed_history["loss"], plain_history["loss"], rtol=1e-6)
+    np.testing.assert_allclose(distributed_history["lr"], [0.1, 0.05, 0.05])
+
+
+@pytest.mark.cluster
+def test_keras_fit_with_the_distributed_optimizer_trains_like_one_device():
+    """Two processes starting from other weights (aligned by the broadcast
+    callback), each fitting its rows: one device's training on the global
+    batch; the averaged losses are the global batch's."""
+    completed = launch(2, "keras_fit.py")
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    found = outputs(completed)
+    weights, bias = one_device_training(2)
+    features = np.arange(36, dtype=np.float32).reshape(12, 3) / 10.0
+    labels = features @ np.array([[1.0], [-2.0], [0.5]], np.float32) + 1.0
+    losses, w, b = [], np.zeros((3, 1), np.float32), np.zeros(1, np.float32)
+    for _ in range(3):
+        error = features @ w + b - labels
+        losses.append(float(np.mean(error ** 2)))
+        w = w - 0.1 * (2.0 * features.T @ error / 12)
+        b = b - 0.1 * (2.0 * error.mean(axis=0))
+    for result in found.values():
+        assert result["optimizer"] == "SGD"
+        np.testing.assert_allclose(result["weights"][0], weights, rtol=1e-5)
+        np.testing.assert_allclose(result["weights"][1], bias, rtol=1e-5)
+        np.testing.assert_allclose(result["loss"], losses, rtol=1e-5)
+    assert found[0] == dict(found[1], rank=0)

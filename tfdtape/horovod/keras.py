@@ -1,0 +1,242 @@
+"""Horovod's Keras API (`horovod.tensorflow.keras`, `horovod.keras`) for
+Keras 3 and tf_keras: `DistributedOptimizer` and the callbacks
+`BroadcastGlobalVariablesCallback`, `MetricAverageCallback`,
+`LearningRateWarmupCallback` and `LearningRateScheduleCallback`, with the
+basics and collectives of `tfdtape.horovod` under the same names.
+
+The callbacks are made for the Keras `tf.keras` is (Keras 3, or tf_keras
+with TF_USE_LEGACY_KERAS=1), whichever the program uses.
+"""
+
+import tensorflow as tf
+
+from tfdtape import errors
+from tfdtape.horovod import *  # noqa: F403 (Horovod's keras module re-exports them)
+from tfdtape.horovod import basics
+from tfdtape.horovod import compression as compression_lib
+from tfdtape.horovod import ops
+
+_subclasses = {}
+
+
+def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse="",
+                         compression=compression_lib.Compression.none,
+                         sparse_as_dense=False, gradient_predivide_factor=1.0,
+                         op=ops.Average, backward_passes_per_step=1,
+                         average_aggregated_gradients=False, num_groups=0, groups=None,
+                         process_set=None, scale_local_gradients=True):
+    """`optimizer` (a Keras 3 or tf_keras optimizer) whose `apply_gradients`
+    all-reduces the gradients across the processes by `op` (Horovod's
+    default: the average) before applying them: in `model.fit` and in a
+    custom loop alike.
+
+    Raises:
+        NotImplementedError: `backward_passes_per_step` > 1 (use Keras 3's
+            `gradient_accumulation_steps` on the optimizer instead).
+        ValueError: `gradient_predivide_factor` with an op other than
+            Average; an optimizer that is not a Keras optimizer.
+    """
+    symbol = "tfdtape.horovod.keras.DistributedOptimizer"
+    if backward_passes_per_step != 1:
+        raise NotImplementedError(errors.message(
+            "backward_passes_per_step was given", symbol,
+            "backward_passes_per_step=1 in this release", repr(backward_passes_per_step),
+            "give the wrapped Keras 3 optimizer gradient_accumulation_steps=N instead "
+            "(it accumulates N steps' all-reduced gradients and applies once)"))
+    op = ops.resolve_op(op, None, symbol)
+    if gradient_predivide_factor != 1.0 and op != ops.Average:
+        raise ValueError(errors.message(
+            "gradient_predivide_factor was given with an op other than Average", symbol,
+            "op=hvd.Average with a predivide factor", f"op={op}",
+            "drop gradient_predivide_factor, or use op=hvd.Average"))
+    if process_set is not None and process_set is not ops.global_process_set:
+        from tfdtape.horovod import unsupported
+        unsupported.refuse("process_sets")
+    if not hasattr(optimizer, "apply_gradients"):
+        raise ValueError(errors.message(
+            "DistributedOptimizer was given something other than an optimizer", symbol,
+            "a Keras optimizer", type(optimizer).__name__,
+            "pass a keras.optimizers optimizer (or a tf_keras one)"))
+    base = type(optimizer)
+    if base in _subclasses.values():
+        base = base.__mro__[1]
+    subclass = _subclasses.get(base)
+    if subclass is None:
+        subclass = type(base.__name__, (base,), {
+            "apply_gradients": _apply_gradients, "__doc__": base.__doc__})
+        _subclasses[base] = subclass
+    wrapped = subclass.__new__(subclass)
+    wrapped.__dict__.update(optimizer.__dict__)
+    prescale, postscale = 1.0, 1.0
+    if op == ops.Average and gradient_predivide_factor != 1.0:
+        op = ops.Sum
+        prescale = 1.0 / gradient_predivide_factor
+        postscale = gradient_predivide_factor / basics.size()
+    wrapped._tfdtape_horovod = {
+        "op": op, "prescale": prescale, "postscale": postscale,
+        "compression": compression, "sparse_as_dense": sparse_as_dense}
+    return wrapped
+
+
+def _apply_gradients(self, grads_and_vars, *args, **kwargs):
+    """All-reduces the gradients, then applies them as the optimizer does."""
+    settings = self._tfdtape_horovod
+    pairs = list(grads_and_vars)
+    gradients = [gradient for gradient, _ in pairs]
+    present = [index for index, gradient in enumerate(gradients) if gradient is not None]
+    if settings["sparse_as_dense"]:
+        gradients = [tf.convert_to_tensor(g) if isinstance(g, tf.IndexedSlices) else g
+                     for g in gradients]
+    with tf.name_scope("DistributedOptimizer_Allreduce"):
+        reduced = ops.grouped_allreduce(
+            [gradients[index] for index in present], op=settings["op"],
+            prescale_factor=settings["prescale"], postscale_factor=settings["postscale"],
+            compression=settings["compression"])
+    for index, value in zip(present, reduced):
+        gradients[index] = value
+    return type(self).__mro__[1].apply_gradients(
+        self, list(zip(gradients, [variable for _, variable in pairs])), *args, **kwargs)
+
+
+def _callback_base():
+    return tf.keras.callbacks.Callback
+
+
+def _learning_rate(optimizer):
+    return float(tf.keras.backend.get_value(optimizer.learning_rate))
+
+
+def _set_learning_rate(optimizer, value):
+    learning_rate = optimizer.learning_rate
+    if hasattr(learning_rate, "assign"):
+        learning_rate.assign(value)
+    else:
+        optimizer.learning_rate = value
+
+
+class BroadcastGlobalVariablesCallback(_callback_base()):
+    """Broadcasts the model's and optimizer's variables from `root_rank` at
+    the start of training and once more after the first batch (when the
+    optimizer's own variables exist), so every process starts from
+    `root_rank`'s weights."""
+
+    def __init__(self, root_rank, device=""):
+        super().__init__()
+        self.root_rank = root_rank
+        self.broadcast_done = False
+
+    def _broadcast(self):
+        variables = list(self.model.variables)
+        optimizer = getattr(self.model, "optimizer", None)
+        if optimizer is not None:
+            variables += list(optimizer.variables() if callable(optimizer.variables)
+                              else optimizer.variables)
+        ops.broadcast_variables(variables, self.root_rank)
+
+    def on_train_begin(self, logs=None):
+        self._broadcast()
+
+    def on_batch_end(self, batch, logs=None):
+        if not self.broadcast_done:
+            self._broadcast()
+            self.broadcast_done = True
+
+
+class MetricAverageCallback(_callback_base()):
+    """Averages the epoch's logs (every number) over the processes at each
+    epoch's end, in the same order on every process."""
+
+    def __init__(self, device=""):
+        super().__init__()
+
+    def on_epoch_end(self, epoch, logs=None):
+        if not logs:
+            return
+        for name in sorted(logs):
+            value = logs[name]
+            if isinstance(value, (int, float)) or (hasattr(value, "dtype") and
+                                                   getattr(value, "shape", None) == ()):
+                averaged = ops.allreduce(tf.constant(float(value), tf.float64),
+                                         op=ops.Average)
+                logs[name] = float(averaged)
+
+
+class LearningRateScheduleCallback(_callback_base()):
+    """Horovod's schedule: from `start_epoch` to `end_epoch` the learning
+    rate is `initial_lr` times `multiplier` (a number, or a function of the
+    epoch; with `staircase=False` of the fractional epoch, batch by batch,
+    which needs `steps_per_epoch` or Keras's own count)."""
+
+    def __init__(self, initial_lr, multiplier, start_epoch=0, end_epoch=None,
+                 staircase=True, momentum_correction=True, steps_per_epoch=None):
+        super().__init__()
+        self.initial_lr = initial_lr
+        self.multiplier = multiplier if callable(multiplier) else (lambda _: multiplier)
+        self.start_epoch = start_epoch
+        self.end_epoch = end_epoch
+        self.staircase = staircase
+        self.steps_per_epoch = steps_per_epoch
+        self.current_epoch = 0
+
+    def _in_range(self, epoch):
+        return epoch >= self.start_epoch and (self.end_epoch is None or
+                                              epoch < self.end_epoch)
+
+    def _steps(self):
+        return self.steps_per_epoch or self.params.get("steps")
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self.current_epoch = epoch
+        if self._in_range(epoch) and self.staircase:
+            _set_learning_rate(self.model.optimizer,
+                               self.initial_lr * self.multiplier(epoch))
+
+    def on_batch_begin(self, batch, logs=None):
+        if self.staircase or not self._in_range(self.current_epoch):
+            return
+        steps = self._steps()
+        if not steps:
+            raise ValueError(errors.message(
+                "a batch-by-batch schedule does not know the steps per epoch",
+                "tfdtape.horovod.keras.LearningRateScheduleCallback",
+                "steps_per_epoch, or a dataset whose length Keras knows", "neither",
+                "pass steps_per_epoch"))
+        epoch = self.current_epoch + batch / steps
+        _set_learning_rate(self.model.optimizer, self.initial_lr * self.multiplier(epoch))
+
+    def on_epoch_end(self, epoch, logs=None):
+        if logs is not None:
+            logs["lr"] = _learning_rate(self.model.optimizer)
+
+
+class LearningRateWarmupCallback(LearningRateScheduleCallback):
+    """Horovod's warmup: over `warmup_epochs` the learning rate grows batch by
+    batch from `initial_lr` / size to `initial_lr` (Goyal et al.)."""
+
+    def __init__(self, initial_lr, warmup_epochs=5, momentum_correction=True,
+                 steps_per_epoch=None, verbose=0):
+        def multiplier(epoch):
+            size = basics.size()
+            return 1.0 / size * (epoch * (size - 1) / warmup_epochs + 1)
+
+        super().__init__(initial_lr, multiplier, start_epoch=0, end_epoch=warmup_epochs,
+                         staircase=False, momentum_correction=momentum_correction,
+                         steps_per_epoch=steps_per_epoch)
+        self.verbose = verbose
+
+    def on_epoch_end(self, epoch, logs=None):
+        super().on_epoch_end(epoch, logs)
+        if epoch == self.end_epoch - 1 and self.verbose > 0:
+            print(f"\nEpoch {epoch + 1}: finished gradual learning rate warmup to "
+                  f"{self.initial_lr}.")
+
+
+class _Callbacks:
+    """`hvd.callbacks.X`, as horovod.tensorflow.keras.callbacks names them."""
+    BroadcastGlobalVariablesCallback = BroadcastGlobalVariablesCallback
+    MetricAverageCallback = MetricAverageCallback
+    LearningRateWarmupCallback = LearningRateWarmupCallback
+    LearningRateScheduleCallback = LearningRateScheduleCallback
+
+
+callbacks = _Callbacks()
