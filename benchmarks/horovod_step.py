@@ -58,12 +58,12 @@ def _worker(style, mode, layers, steps):
         import tfdtape.horovod as hvd
 
         hvd.init()
-        scope = contextlib.nullcontext()
+        scope = contextlib.nullcontext
     else:
         strategy = tf.distribute.MultiWorkerMirroredStrategy()
-        scope = strategy.scope()
+        scope = strategy.scope
     keras = tf.keras
-    with scope:
+    with scope():
         model = keras.Sequential(
             [keras.Input((WIDTH,))] +
             [keras.layers.Dense(WIDTH, activation="relu") for _ in range(layers)] +
@@ -105,7 +105,7 @@ def _worker(style, mode, layers, steps):
     if mode == "tf_function":
         step = tf.function(step)
     times = []
-    with scope:
+    with scope():
         step()  # warm-up: the trace, or the first eager step
         if mode == "tf_function":
             collectives = _collectives(step)
