@@ -294,3 +294,24 @@ def test_keras_fit_with_the_distributed_optimizer_trains_like_one_device():
         np.testing.assert_allclose(result["weights"][1], bias, rtol=1e-5)
         np.testing.assert_allclose(result["loss"], losses, rtol=1e-5)
     assert found[0] == dict(found[1], rank=0)
+
+
+def test_the_warmup_reaches_the_initial_rate_on_its_last_batch(alone, monkeypatch, capsys):
+    """Horovod's warmup on a job of 2 (its size stood in): 2 epochs of 2
+    batches from 0.1 / 2 up, each batch counted as ended, then 0.1 kept."""
+    import tfdtape.horovod.keras as hvd_keras
+    monkeypatch.setattr(hvd_keras.basics, "size", lambda: 2)
+    model = tf.keras.Sequential([tf.keras.Input((1,)), tf.keras.layers.Dense(1)])
+    model.compile(tf.keras.optimizers.SGD(0.1), loss="mse")
+    warmup = hvd_keras.callbacks.LearningRateWarmupCallback(
+        0.1, warmup_epochs=2, steps_per_epoch=2, verbose=1)
+    warmup.set_model(model)
+    rates = []
+    for epoch in range(3):
+        warmup.on_epoch_begin(epoch)
+        for batch in range(2):
+            warmup.on_batch_begin(batch)
+            rates.append(float(model.optimizer.learning_rate))
+        warmup.on_epoch_end(epoch, {})
+    np.testing.assert_allclose(rates, [0.0625, 0.075, 0.0875, 0.1, 0.1, 0.1], rtol=1e-6)
+    assert capsys.readouterr().out == "\nEpoch 2: finished gradual learning rate warmup to 0.1.\n"

@@ -210,14 +210,17 @@ class LearningRateScheduleCallback(_callback_base()):
 
 
 class LearningRateWarmupCallback(LearningRateScheduleCallback):
-    """Horovod's warmup: over `warmup_epochs` the learning rate grows batch by
-    batch from `initial_lr` / size to `initial_lr` (Goyal et al.)."""
+    """Horovod's warmup (Goyal et al.): over `warmup_epochs` the learning
+    rate grows batch by batch from `initial_lr` / size to `initial_lr`,
+    which the last batch of the warmup reaches (Horovod counts each batch
+    as ended: epoch + (batch + 1) / steps per epoch)."""
 
     def __init__(self, initial_lr, warmup_epochs=5, momentum_correction=True,
                  steps_per_epoch=None, verbose=0):
         def multiplier(epoch):
             size = basics.size()
-            return 1.0 / size * (epoch * (size - 1) / warmup_epochs + 1)
+            ended = epoch + 1.0 / self._steps()
+            return 1.0 / size * (ended * (size - 1) / warmup_epochs + 1)
 
         super().__init__(initial_lr, multiplier, start_epoch=0, end_epoch=warmup_epochs,
                          staircase=False, momentum_correction=momentum_correction,
@@ -226,9 +229,9 @@ class LearningRateWarmupCallback(LearningRateScheduleCallback):
 
     def on_epoch_end(self, epoch, logs=None):
         super().on_epoch_end(epoch, logs)
-        if epoch == self.end_epoch - 1 and self.verbose > 0:
+        if epoch == self.end_epoch - 1 and self.verbose > 0 and basics.rank() == 0:
             print(f"\nEpoch {epoch + 1}: finished gradual learning rate warmup to "
-                  f"{self.initial_lr}.")
+                  f"{_learning_rate(self.model.optimizer):g}.")
 
 
 class _Callbacks:
