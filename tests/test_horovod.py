@@ -236,9 +236,11 @@ def test_a_rank_that_fails_ends_the_job_instead_of_a_hang(tmp_path):
 
 def test_the_keras_optimizer_refuses_what_it_does_not_do(alone):
     import tfdtape.horovod.keras as hvd_keras
-    with pytest.raises(NotImplementedError, match="backward_passes_per_step was given .*"
-                                                  "gradient_accumulation_steps=N instead"):
-        hvd_keras.DistributedOptimizer(tf.keras.optimizers.SGD(0.1), backward_passes_per_step=2)
+    for passes in (0, 1.5):
+        with pytest.raises(ValueError, match="backward_passes_per_step is not a count of "
+                                             "passes .*expected a whole number, 1 or more"):
+            hvd_keras.DistributedOptimizer(tf.keras.optimizers.SGD(0.1),
+                                           backward_passes_per_step=passes)
     with pytest.raises(ValueError, match="gradient_predivide_factor was given with an op"):
         hvd_keras.DistributedOptimizer(tf.keras.optimizers.SGD(0.1), op=hvd.Sum,
                                        gradient_predivide_factor=2.0)
@@ -315,3 +317,59 @@ def test_the_warmup_reaches_the_initial_rate_on_its_last_batch(alone, monkeypatc
         warmup.on_epoch_end(epoch, {})
     np.testing.assert_allclose(rates, [0.0625, 0.075, 0.0875, 0.1, 0.1, 0.1], rtol=1e-6)
     assert capsys.readouterr().out == "\nEpoch 2: finished gradual learning rate warmup to 0.1.\n"
+
+
+@pytest.mark.cluster
+def test_keras_fit_accumulating_backward_passes_applies_their_sum_every_nth():
+    """backward_passes_per_step=2 on two processes: each apply is the sum of
+    two mini-batches' gradients averaged over the processes (Horovod's
+    default, not averaged over the passes), every pass counted in
+    `iterations`."""
+    completed = launch(2, "keras_fit_passes.py")
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    found = outputs(completed)
+    features = np.arange(36, dtype=np.float32).reshape(12, 3) / 10.0
+    labels = features @ np.array([[1.0], [-2.0], [0.5]], np.float32) + 1.0
+    w, b = np.zeros((3, 1), np.float32), np.zeros(1, np.float32)
+    for _ in range(2):  # epochs: one apply each
+        step_w, step_b = np.zeros_like(w), np.zeros_like(b)
+        for k in range(2):  # the passes: mini-batch k of every process
+            rows = [6 * r + 3 * k + i for r in range(2) for i in range(3)]
+            error = features[rows] @ w + b - labels[rows]
+            step_w += 2.0 * features[rows].T @ error / len(rows)
+            step_b += 2.0 * error.mean(axis=0)
+        w, b = w - 0.1 * step_w, b - 0.1 * step_b
+    for result in found.values():
+        np.testing.assert_allclose(result["weights"][0], w.ravel(), rtol=1e-5)
+        np.testing.assert_allclose(result["weights"][1], b, rtol=1e-5)
+        assert result["iterations"] == 4
+    assert found[0] == dict(found[1], rank=0)
+
+
+@pytest.mark.parametrize("traced", [False, True])
+@pytest.mark.parametrize("average", [False, True])
+def test_accumulated_passes_apply_on_every_nth_call_alone(alone, traced, average):
+    """A custom loop, a job of one: the first call only accumulates (the
+    weights stay, `iterations` counts it), the second applies the sum (or
+    mean) of both passes' gradients and resets the accumulators."""
+    import tfdtape.horovod.keras as hvd_keras
+    w = tf.Variable([1.0, 2.0])
+    optimizer = hvd_keras.DistributedOptimizer(
+        tf.keras.optimizers.SGD(0.5), backward_passes_per_step=2,
+        average_aggregated_gradients=average)
+
+    def step(scale):
+        with tf.GradientTape() as tape:
+            loss = scale * tf.reduce_sum(w * w)
+        optimizer.apply_gradients([(tape.gradient(loss, w), w)])
+
+    if traced:
+        step = tf.function(step)
+    step(tf.constant(1.0))
+    np.testing.assert_array_equal(w.numpy(), [1.0, 2.0])
+    step(tf.constant(3.0))  # gradients 2w and 6w at w = [1, 2]: sum 8w
+    summed = 8.0 * np.array([1.0, 2.0]) / (2.0 if average else 1.0)
+    np.testing.assert_allclose(w.numpy(), np.array([1.0, 2.0]) - 0.5 * summed, rtol=1e-6)
+    assert int(optimizer.iterations) == 2
+    step(tf.constant(1.0))  # accumulates from zero again: no apply
+    np.testing.assert_allclose(w.numpy(), np.array([1.0, 2.0]) - 0.5 * summed, rtol=1e-6)

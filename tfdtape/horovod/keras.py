@@ -30,19 +30,23 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
     default: the average) before applying them: in `model.fit` and in a
     custom loop alike.
 
+    With `backward_passes_per_step` N > 1, as Horovod: each call adds this
+    process's gradients to local accumulators, and every Nth all-reduces
+    the accumulated sum (divided by N with `average_aggregated_gradients`),
+    applies it and resets the accumulators by assignment; `iterations`
+    counts every call.
+
     Raises:
-        NotImplementedError: `backward_passes_per_step` > 1 (use Keras 3's
-            `gradient_accumulation_steps` on the optimizer instead).
         ValueError: `gradient_predivide_factor` with an op other than
-            Average; an optimizer that is not a Keras optimizer.
+            Average; `backward_passes_per_step` not a whole number >= 1; an
+            optimizer that is not a Keras optimizer.
     """
     symbol = "tfdtape.horovod.keras.DistributedOptimizer"
-    if backward_passes_per_step != 1:
-        raise NotImplementedError(errors.message(
-            "backward_passes_per_step was given", symbol,
-            "backward_passes_per_step=1 in this release", repr(backward_passes_per_step),
-            "give the wrapped Keras 3 optimizer gradient_accumulation_steps=N instead "
-            "(it accumulates N steps' all-reduced gradients and applies once)"))
+    if not isinstance(backward_passes_per_step, int) or backward_passes_per_step < 1:
+        raise ValueError(errors.message(
+            "backward_passes_per_step is not a count of passes", symbol,
+            "a whole number, 1 or more", repr(backward_passes_per_step),
+            "pass 1 (every call applies) or the number of calls to accumulate"))
     op = ops.resolve_op(op, None, symbol)
     if gradient_predivide_factor != 1.0 and op != ops.Average:
         raise ValueError(errors.message(
@@ -74,14 +78,68 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
         postscale = gradient_predivide_factor / basics.size()
     wrapped._tfdtape_horovod = {
         "op": op, "prescale": prescale, "postscale": postscale,
-        "compression": compression, "sparse_as_dense": sparse_as_dense}
+        "compression": compression, "sparse_as_dense": sparse_as_dense,
+        "passes": backward_passes_per_step, "average_passes": average_aggregated_gradients,
+        "accumulators": None}
     return wrapped
 
 
 def _apply_gradients(self, grads_and_vars, *args, **kwargs):
-    """All-reduces the gradients, then applies them as the optimizer does."""
+    """All-reduces the gradients, then applies them as the optimizer does;
+    with several backward passes per step, accumulates them first."""
     settings = self._tfdtape_horovod
     pairs = list(grads_and_vars)
+    if settings["passes"] == 1:
+        return _reduce_and_apply(self, pairs, args, kwargs)
+    return _accumulate(self, pairs, args, kwargs)
+
+
+def _accumulate(self, pairs, args, kwargs):
+    """Adds this pass's gradients to the accumulators; on every Nth pass
+    all-reduces and applies their sum and resets them."""
+    settings = self._tfdtape_horovod
+    variables = [variable for _, variable in pairs]
+    if settings["accumulators"] is None:
+        with tf.init_scope():
+            if hasattr(self, "build") and not getattr(self, "built", True):
+                self.build(variables)
+            settings["accumulators"] = [
+                tf.Variable(tf.zeros(variable.shape, variable.dtype), trainable=False)
+                for variable in variables]
+            settings["passes_done"] = tf.Variable(0, dtype=tf.int64, trainable=False)
+    accumulators, passes = settings["accumulators"], settings["passes"]
+    updates = [accumulator.assign_add(tf.convert_to_tensor(gradient))
+               for (gradient, _), accumulator in zip(pairs, accumulators)
+               if gradient is not None]
+    with tf.control_dependencies(updates):
+        done = settings["passes_done"].assign_add(1)
+
+    def apply():
+        scale = 1.0 / passes if settings["average_passes"] else 1.0
+        summed = [(accumulator * tf.cast(scale, accumulator.dtype)
+                   if gradient is not None else None, variable)
+                  for (gradient, variable), accumulator in zip(pairs, accumulators)]
+        applied = _reduce_and_apply(self, summed, args, kwargs)
+        with tf.control_dependencies([applied] if isinstance(applied, tf.Operation)
+                                     else []):
+            resets = [accumulator.assign(tf.zeros_like(accumulator))
+                      for accumulator in accumulators]
+        with tf.control_dependencies(resets):
+            return tf.constant(True)
+
+    def skip():
+        with tf.control_dependencies([self.iterations.assign_add(1)]):
+            return tf.constant(False)
+
+    if tf.executing_eagerly():
+        return apply() if int(done) % passes == 0 else skip()
+    return tf.cond(tf.equal(done % passes, 0), apply, skip)
+
+
+def _reduce_and_apply(self, pairs, args, kwargs):
+    """All-reduces the gradients of `pairs`, then applies them as the
+    optimizer does."""
+    settings = self._tfdtape_horovod
     gradients = [gradient for gradient, _ in pairs]
     present = [index for index, gradient in enumerate(gradients) if gradient is not None]
     if settings["sparse_as_dense"]:
