@@ -274,28 +274,31 @@ def test_keras_fit_alone_with_the_optimizer_and_the_schedule(alone):
 
 
 @pytest.mark.cluster
-def test_keras_fit_with_the_distributed_optimizer_trains_like_one_device():
-    """Two processes starting from other weights (aligned by the broadcast
+@pytest.mark.parametrize("processes", [2, 3])
+def test_keras_fit_with_the_distributed_optimizer_trains_like_one_device(processes):
+    """Processes starting from other weights (aligned by the broadcast
     callback), each fitting its rows: one device's training on the global
     batch; the averaged losses are the global batch's."""
-    completed = launch(2, "keras_fit.py")
+    completed = launch(processes, "keras_fit.py")
     assert completed.returncode == 0, completed.stderr[-3000:]
     found = outputs(completed)
-    weights, bias = one_device_training(2)
-    features = np.arange(36, dtype=np.float32).reshape(12, 3) / 10.0
+    assert sorted(found) == list(range(processes))
+    weights, bias = one_device_training(processes)
+    rows = 6 * processes
+    features = np.arange(rows * 3, dtype=np.float32).reshape(rows, 3) / 10.0
     labels = features @ np.array([[1.0], [-2.0], [0.5]], np.float32) + 1.0
     losses, w, b = [], np.zeros((3, 1), np.float32), np.zeros(1, np.float32)
     for _ in range(3):
         error = features @ w + b - labels
         losses.append(float(np.mean(error ** 2)))
-        w = w - 0.1 * (2.0 * features.T @ error / 12)
+        w = w - 0.1 * (2.0 * features.T @ error / rows)
         b = b - 0.1 * (2.0 * error.mean(axis=0))
     for result in found.values():
         assert result["optimizer"] == "SGD"
         np.testing.assert_allclose(result["weights"][0], weights, rtol=1e-5)
         np.testing.assert_allclose(result["weights"][1], bias, rtol=1e-5)
         np.testing.assert_allclose(result["loss"], losses, rtol=1e-5)
-    assert found[0] == dict(found[1], rank=0)
+    assert all(result == dict(found[0], rank=rank) for rank, result in found.items())
 
 
 def test_the_warmup_reaches_the_initial_rate_on_its_last_batch(alone, monkeypatch, capsys):
