@@ -376,3 +376,20 @@ def test_accumulated_passes_apply_on_every_nth_call_alone(alone, traced, average
     assert int(optimizer.iterations) == 2
     step(tf.constant(1.0))  # accumulates from zero again: no apply
     np.testing.assert_allclose(w.numpy(), np.array([1.0, 2.0]) - 0.5 * summed, rtol=1e-6)
+
+
+@pytest.mark.cluster
+@pytest.mark.parametrize("mode", ["eager", "tf_function"])
+def test_a_gradient_none_on_one_process_only_is_refused_on_every_process(mode):
+    """Rank 0's loss uses one variable, rank 1's another of the same size:
+    the fused all-reduce would pair their gradients; every process gets
+    one clear error instead."""
+    completed = subprocess.run(
+        [sys.executable, "-m", "tfdtape", "launch", "-np", "2", "--grace", "5",
+         sys.executable, str(SCRIPTS / "none_on_one_rank.py"), mode],
+        capture_output=True, text=True, timeout=240,
+        env={k: v for k, v in os.environ.items() if k != "TF_CONFIG"})
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    error = "ValueError" if mode == "eager" else "InvalidArgumentError"
+    assert sorted(completed.stdout.splitlines()) == [
+        f"[{rank}]<stdout>:refused {error} True" for rank in range(2)]
