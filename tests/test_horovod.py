@@ -133,12 +133,12 @@ def test_fusion_packs_one_dtype_up_to_the_threshold(monkeypatch):
         fusion.packs(tensors)
 
 
-def launch(processes, script, timeout=300, env=None):
+def launch(processes, script, *arguments, timeout=300, env=None):
     environment = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", **(env or {}))
     environment.pop("TF_CONFIG", None)
     return subprocess.run(
         [sys.executable, "-m", "tfdtape", "launch", "-np", str(processes), "--grace", "5",
-         sys.executable, str(SCRIPTS / script)],
+         sys.executable, str(SCRIPTS / script), *arguments],
         capture_output=True, text=True, env=environment, timeout=timeout)
 
 
@@ -328,7 +328,7 @@ def test_keras_fit_accumulating_backward_passes_applies_their_sum_every_nth():
     two mini-batches' gradients averaged over the processes (Horovod's
     default, not averaged over the passes), every pass counted in
     `iterations`."""
-    completed = launch(2, "keras_fit_passes.py")
+    completed = launch(2, "keras_fit.py", "2", "2")
     assert completed.returncode == 0, completed.stderr[-3000:]
     found = outputs(completed)
     features = np.arange(36, dtype=np.float32).reshape(12, 3) / 10.0

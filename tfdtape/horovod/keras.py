@@ -15,8 +15,7 @@ from tfdtape.horovod import *  # noqa: F403 (Horovod's keras module re-exports t
 from tfdtape.horovod import basics
 from tfdtape.horovod import compression as compression_lib
 from tfdtape.horovod import ops
-
-_subclasses = {}
+from tfdtape.horovod import wrapping
 
 
 def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse="",
@@ -48,34 +47,15 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
             "a whole number, 1 or more", repr(backward_passes_per_step),
             "pass 1 (every call applies) or the number of calls to accumulate"))
     op = ops.resolve_op(op, None, symbol)
-    if gradient_predivide_factor != 1.0 and op != ops.Average:
-        raise ValueError(errors.message(
-            "gradient_predivide_factor was given with an op other than Average", symbol,
-            "op=hvd.Average with a predivide factor", f"op={op}",
-            "drop gradient_predivide_factor, or use op=hvd.Average"))
-    if process_set is not None and process_set is not ops.global_process_set:
-        from tfdtape.horovod import unsupported
-        unsupported.refuse("process_sets")
+    ops.check_predivide(op, gradient_predivide_factor, symbol)
+    ops.check_process_set(process_set)
     if not hasattr(optimizer, "apply_gradients"):
         raise ValueError(errors.message(
             "DistributedOptimizer was given something other than an optimizer", symbol,
             "a Keras optimizer", type(optimizer).__name__,
             "pass a keras.optimizers optimizer (or a tf_keras one)"))
-    base = type(optimizer)
-    if base in _subclasses.values():
-        base = base.__mro__[1]
-    subclass = _subclasses.get(base)
-    if subclass is None:
-        subclass = type(base.__name__, (base,), {
-            "apply_gradients": _apply_gradients, "__doc__": base.__doc__})
-        _subclasses[base] = subclass
-    wrapped = subclass.__new__(subclass)
-    wrapped.__dict__.update(optimizer.__dict__)
-    prescale, postscale = 1.0, 1.0
-    if op == ops.Average and gradient_predivide_factor != 1.0:
-        op = ops.Sum
-        prescale = 1.0 / gradient_predivide_factor
-        postscale = gradient_predivide_factor / basics.size()
+    wrapped = wrapping.rewrapped(optimizer, {"apply_gradients": _apply_gradients})
+    op, prescale, postscale = ops.predivided(op, gradient_predivide_factor)
     wrapped._tfdtape_horovod = {
         "op": op, "prescale": prescale, "postscale": postscale,
         "compression": compression, "sparse_as_dense": sparse_as_dense,

@@ -53,10 +53,27 @@ def resolve_op(op, average, symbol):
     return op
 
 
-def _check_process_set(process_set, symbol):
+def check_process_set(process_set):
+    """Refuses any process set but the one of every process."""
     if process_set is not None and process_set is not global_process_set:
         from tfdtape.horovod import unsupported
         unsupported.refuse("process_sets")
+
+
+def check_predivide(op, predivide, symbol):
+    """Refuses a gradient predivide factor with an op other than Average."""
+    if predivide != 1.0 and op != Average:
+        _refuse("gradient_predivide_factor was given with an op other than Average",
+                symbol, "op=hvd.Average with a predivide factor", f"op={op}",
+                "drop gradient_predivide_factor, or use op=hvd.Average")
+
+
+def predivided(op, predivide):
+    """(op, prescale, postscale) of Horovod's gradient predivision: Average
+    with a factor f is a Sum scaled by 1/f before and f/size after."""
+    if op == Average and predivide != 1.0:
+        return Sum, 1.0 / predivide, predivide / basics.size()
+    return op, 1.0, 1.0
 
 
 class ProcessSet:
@@ -80,27 +97,27 @@ def _sendable(tensor, symbol):
     return tensor, lambda t: t
 
 
-def _all_reduce_raw(tensor, merge_op):
+def _launched(collective, tensor, **options):
+    """`collective` (TensorFlow's all_reduce_v2 or all_gather_v2) of
+    `tensor` over the job, on this process's device with the strategy's
+    keys; the identity in a job of one."""
     job = basics.job()
     if job.size == 1:
         return tf.identity(tensor)
     launcher = job.launcher
     with tf.device(job.device):
-        return collective_ops.all_reduce_v2(
-            tensor, job.size, launcher._group_key, launcher._next_instance_key(),
-            merge_op=merge_op, final_op="Id",
-            ordering_token=launcher._get_ordering_token())
+        return collective(tensor, job.size, launcher._group_key,
+                          launcher._next_instance_key(),
+                          ordering_token=launcher._get_ordering_token(), **options)
+
+
+def _all_reduce_raw(tensor, merge_op):
+    return _launched(collective_ops.all_reduce_v2, tensor, merge_op=merge_op,
+                     final_op="Id")
 
 
 def _all_gather_raw(tensor):
-    job = basics.job()
-    if job.size == 1:
-        return tf.identity(tensor)
-    launcher = job.launcher
-    with tf.device(job.device):
-        return collective_ops.all_gather_v2(
-            tensor, job.size, launcher._group_key, launcher._next_instance_key(),
-            ordering_token=launcher._get_ordering_token())
+    return _launched(collective_ops.all_gather_v2, tensor)
 
 
 def reduce_dense(tensor, op, prescale_factor=1.0, postscale_factor=1.0,
@@ -159,7 +176,7 @@ def allreduce(tensor, average=None, device_dense="", device_sparse="",
     """
     symbol = "tfdtape.horovod.allreduce"
     op = resolve_op(op, average, symbol)
-    _check_process_set(process_set, symbol)
+    check_process_set(process_set)
     with tf.name_scope(name or "HorovodAllreduce"):
         if isinstance(tensor, tf.IndexedSlices):
             if op not in (Sum, Average):
@@ -184,7 +201,7 @@ def grouped_allreduce(tensors, average=None, device_dense="", device_sparse="",
     HOROVOD_FUSION_THRESHOLD bytes)."""
     symbol = "tfdtape.horovod.grouped_allreduce"
     op = resolve_op(op, average, symbol)
-    _check_process_set(process_set, symbol)
+    check_process_set(process_set)
     tensors = list(tensors)
     results = [None] * len(tensors)
     dense = []
@@ -211,7 +228,7 @@ def allgather(tensor, name=None, ignore_name_scope=False, process_set=None):
     over the processes of the gathered tensor's gradient, this process's
     rows of it."""
     symbol = "tfdtape.horovod.allgather"
-    _check_process_set(process_set, symbol)
+    check_process_set(process_set)
     tensor = tf.convert_to_tensor(tensor)
     if tensor.shape.rank == 0:
         _refuse("a scalar was to be gathered", symbol,
@@ -251,7 +268,7 @@ def broadcast(tensor, root_rank, name=None, ignore_name_scope=False, process_set
     same shape on each). Its gradient is Horovod's: the average over the
     processes of the upstream gradient on the root, zeros elsewhere."""
     symbol = "tfdtape.horovod.broadcast"
-    _check_process_set(process_set, symbol)
+    check_process_set(process_set)
     job = basics.job()
     if not isinstance(root_rank, numbers.Integral) or not 0 <= root_rank < job.size:
         _refuse("a broadcast from a rank the job does not have", symbol,
@@ -291,7 +308,7 @@ def _broadcast_raw(tensor, root_rank, symbol):
 def broadcast_variables(variables, root_rank, process_set=None, inplace=False):
     """Assigns `root_rank`'s value of each of `variables` on every process;
     in a graph, returns the group of the assignments."""
-    _check_process_set(process_set, "tfdtape.horovod.broadcast_variables")
+    check_process_set(process_set)
     assignments = [variable.assign(broadcast(variable, root_rank))
                    for variable in variables]
     if tf.executing_eagerly():
@@ -303,7 +320,7 @@ def broadcast_object(obj, root_rank=0, session=None, name=None, process_set=None
     """`root_rank`'s `obj` (anything `pickle` takes) on every process;
     eagerly."""
     symbol = "tfdtape.horovod.broadcast_object"
-    _check_process_set(process_set, symbol)
+    check_process_set(process_set)
     _eagerly(symbol)
     job = basics.job()
     payload = _pickled(obj) if job.rank == root_rank else np.zeros(0, np.int32)
@@ -318,7 +335,7 @@ def allgather_object(obj, session=None, name=None, process_set=None):
     """Every process's `obj` (anything `pickle` takes), a list in rank
     order; eagerly."""
     symbol = "tfdtape.horovod.allgather_object"
-    _check_process_set(process_set, symbol)
+    check_process_set(process_set)
     _eagerly(symbol)
     payload = tf.constant(_pickled(obj), tf.int32)
     counts = allgather(tf.shape(payload)[:1]).numpy()

@@ -13,9 +13,9 @@ from tfdtape import errors
 from tfdtape.horovod import basics
 from tfdtape.horovod import compression as compression_lib
 from tfdtape.horovod import ops
+from tfdtape.horovod import wrapping
 
 _SETTINGS = "_tfdtape_horovod"
-_subclasses = {}
 
 
 def DistributedGradientTape(gradtape, device_dense="", device_sparse="",
@@ -57,14 +57,8 @@ def PartialDistributedGradientTape(gradtape, device_dense="", device_sparse="",
 def _settings(symbol, compression, sparse_as_dense, op, predivide, process_set,
               scale_local, local):
     op = ops.resolve_op(op, None, symbol)
-    if predivide != 1.0 and op != ops.Average:
-        raise ValueError(errors.message(
-            "gradient_predivide_factor was given with an op other than Average",
-            symbol, "op=hvd.Average with a predivide factor", f"op={op}",
-            "drop gradient_predivide_factor, or use op=hvd.Average"))
-    if process_set is not None and process_set is not ops.global_process_set:
-        from tfdtape.horovod import unsupported
-        unsupported.refuse("process_sets")
+    ops.check_predivide(op, predivide, symbol)
+    ops.check_process_set(process_set)
     return {"compression": compression, "sparse_as_dense": sparse_as_dense, "op": op,
             "predivide": predivide, "scale_local": scale_local,
             "local": {id(weight) for weight in local}}
@@ -76,17 +70,8 @@ def _wrapped(gradtape, settings):
             "a DistributedGradientTape was asked to wrap something else",
             "tfdtape.horovod.DistributedGradientTape", "a tf.GradientTape",
             type(gradtape).__name__, "pass the tape of your `with tf.GradientTape()` block"))
-    base = type(gradtape)
-    if base in _subclasses.values():
-        base = base.__mro__[1]
-    subclass = _subclasses.get(base)
-    if subclass is None:
-        subclass = type(base.__name__, (base,), {
-            "gradient": _gradient, "register_local_source": _register_local_source,
-            "__doc__": base.__doc__})
-        _subclasses[base] = subclass
-    tape = subclass.__new__(subclass)
-    tape.__dict__.update(gradtape.__dict__)
+    tape = wrapping.rewrapped(gradtape, {"gradient": _gradient,
+                                         "register_local_source": _register_local_source})
     setattr(tape, _SETTINGS, dict(settings, local=set(settings["local"])))
     return tape
 
@@ -121,10 +106,7 @@ def _gradient(self, target, sources, output_gradients=None, use_generic_names=Fa
                         gradient.indices, gradient.dense_shape)
             continue
         shared.append(index)
-    op, predivide = settings["op"], settings["predivide"]
-    prescale, postscale = 1.0, 1.0
-    if op == ops.Average and predivide != 1.0:
-        op, prescale, postscale = ops.Sum, 1.0 / predivide, predivide / size
+    op, prescale, postscale = ops.predivided(settings["op"], settings["predivide"])
     checked = size > 1 and op in (ops.Sum, ops.Average)
     reducing = [index for index, source in enumerate(flat_sources)
                 if id(source) not in settings["local"]]
