@@ -4,7 +4,8 @@ hvd`, and `tfdtape launch` in place of `horovodrun`.
 
 The engine is `basics` (the job, from the launcher's TF_CONFIG, a
 TF_CONFIG of your own, or a Slurm allocation), the collectives are `ops`
-(fused by `fusion`), the tapes are `tape`. What Horovod has and this does
+(fused by `fusion`), the tapes are `tape` and the Keras side `keras`
+(both wrapped as Horovod wraps, `wrapping`). What Horovod has and this does
 not raises NotImplementedError naming the alternative (`unsupported`).
 docs/horovod.md maps one to the other.
 """
