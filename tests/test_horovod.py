@@ -201,8 +201,10 @@ def test_every_operation_matches_its_closed_form(processes):
         for mode in ("eager", "tf_function"):
             np.testing.assert_allclose(result[f"trained_{mode}"][0], weights, rtol=1e-5)
             np.testing.assert_allclose(result[f"trained_{mode}"][1], bias, rtol=1e-5)
-        # Four gradients of one dtype: one collective per step.
-        assert result["collectives_per_step"] == 1
+        # Four gradients of one dtype: one all-reduce per step, after the
+        # all-gather that checks every process issues it.
+        assert result["collectives_per_step"] == ["CollectiveGatherV2",
+                                                  "CollectiveReduceV2"]
         assert result["fused_gradients"] == [[[2.0, 2.0], [2.0, 2.0]], [2.0], [2.0] * 3, 4.0]
     # Every rank trained to the same bits.
     assert len({json.dumps([r["trained_eager"], r["trained_tf_function"]])
@@ -378,18 +380,58 @@ def test_accumulated_passes_apply_on_every_nth_call_alone(alone, traced, average
     np.testing.assert_allclose(w.numpy(), np.array([1.0, 2.0]) - 0.5 * summed, rtol=1e-6)
 
 
+DIFFERENCES = {
+    "kind": "kind of collective", "op": "reduction op", "root": "root rank",
+    "dtype": "dtypes", "shape": "shape", "trailing": "shape", "count": "number of tensors",
+    "variables": "shape", "name": "name", "extra": "shape"}
+
+
 @pytest.mark.cluster
-@pytest.mark.parametrize("mode", ["eager", "tf_function"])
-def test_a_gradient_none_on_one_process_only_is_refused_on_every_process(mode):
-    """Rank 0's loss uses one variable, rank 1's another of the same size:
-    the fused all-reduce would pair their gradients; every process gets
-    one clear error instead."""
-    completed = subprocess.run(
-        [sys.executable, "-m", "tfdtape", "launch", "-np", "2", "--grace", "5",
-         sys.executable, str(SCRIPTS / "none_on_one_rank.py"), mode],
-        capture_output=True, text=True, timeout=240,
-        env={k: v for k, v in os.environ.items() if k != "TF_CONFIG"})
+@pytest.mark.parametrize("processes,mode", [(2, "eager"), (2, "tf_function"), (3, "eager")])
+def test_processes_issuing_different_collectives_all_refuse_and_go_on(processes, mode):
+    """Horovod's coordinator refuses collectives that differ between the
+    processes (its tests: FailedPreconditionError on every rank). Every
+    process refuses each difference with the same error naming it (eagerly
+    Horovod's FailedPreconditionError; in a tf.function the assertion's
+    InvalidArgumentError), before the collective pairs different tensors;
+    an all-reduce after each still gives the sum of the ranks."""
+    completed = launch(processes, "disagreeing.py", mode)
     assert completed.returncode == 0, completed.stderr[-3000:]
-    error = "ValueError" if mode == "eager" else "InvalidArgumentError"
-    assert sorted(completed.stdout.splitlines()) == [
-        f"[{rank}]<stdout>:refused {error} True" for rank in range(2)]
+    error = "FailedPreconditionError" if mode == "eager" else "InvalidArgumentError"
+    different = "tfdtape: the processes of the job issued different collectives "
+    expected = [{"case": case, "refused": error,
+                 "says": different + f"(they differ in {field})"}
+                for case, field in DIFFERENCES.items() if case != "extra"]
+    expected.append({"case": "none_on_one_rank", "refused": error,
+                     "says": "tfdtape: the processes of the job disagree on which "
+                             "gradients are None"})
+    expected.append({"case": "extra", "refused": error,
+                     "says": different + "(they differ in shape)"})
+    by_rank = {}
+    for line in completed.stdout.splitlines():
+        prefix, _, text = line.partition("<stdout>:")
+        by_rank.setdefault(int(prefix.strip("[]")), []).append(json.loads(text))
+    assert by_rank == {rank: expected for rank in range(processes)}
+
+
+def test_the_refusal_names_what_each_process_issued(alone, monkeypatch):
+    """The eager message gives each process's value of the first field
+    that differs; an all-gather's shapes show each process's rows."""
+    from tfdtape.horovod import negotiation
+    rows = [negotiation.describe("allgather", [tf.ones([rows, 3])], rows=rows)
+            for rows in (2, 5)]
+    found = np.stack([rows[0].numpy(), rows[1].numpy()])
+    assert not np.any(found[0, :-1] != found[1, :-1])  # the rows alone differ
+    shapes = np.stack([negotiation.describe("allreduce", [tf.ones(shape)]).numpy()
+                       for shape in ([2, 3], [2, 3, 1, 1, 1, 4, 5])])
+    field = negotiation._FIELDS.index
+    assert negotiation._found(field("shape"), shapes) == (
+        "process 0: [2, 3], process 1: [2, 3, 1, 1, 1, '20 in all']")
+    kinds = np.stack([negotiation.describe(kind, [tf.ones([2])], op=op).numpy()
+                      for kind, op in (("allreduce", hvd.Sum), ("broadcast", -1))])
+    assert negotiation._found(field("kind of collective"), kinds) == (
+        "process 0: allreduce, process 1: broadcast")
+    assert negotiation._found(field("reduction op"), kinds) == "process 0: Sum, process 1: none"
+    dtypes = np.stack([negotiation.describe("allreduce", [tf.ones([2], dtype)]).numpy()
+                       for dtype in (tf.float32, tf.int64)])
+    assert negotiation._found(field("dtypes"), dtypes) == "process 0: float32, process 1: int64"

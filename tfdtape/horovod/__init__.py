@@ -3,8 +3,9 @@
 hvd`, and `tfdtape launch` in place of `horovodrun`.
 
 The engine is `basics` (the job, from the launcher's TF_CONFIG, a
-TF_CONFIG of your own, or a Slurm allocation), the collectives are `ops`
-(fused by `fusion`), the tapes are `tape` and the Keras side `keras`
+TF_CONFIG of your own, or a Slurm allocation) and `collectives`
+(TensorFlow's), the operations are `ops` (each checked across the processes
+by `negotiation`, fused by `fusion`), the tapes are `tape` and the Keras side `keras`
 (both wrapped as Horovod wraps, `wrapping`). What Horovod has and this does
 not raises NotImplementedError naming the alternative (`unsupported`).
 docs/horovod.md maps one to the other.
@@ -30,14 +31,14 @@ from tfdtape.horovod.basics import rank
 from tfdtape.horovod.basics import rocm_built
 from tfdtape.horovod.basics import shutdown
 from tfdtape.horovod.basics import size
+from tfdtape.horovod.collectives import Adasum
+from tfdtape.horovod.collectives import Average
+from tfdtape.horovod.collectives import Max
+from tfdtape.horovod.collectives import Min
+from tfdtape.horovod.collectives import Product
+from tfdtape.horovod.collectives import Sum
 from tfdtape.horovod.compression import Compression
-from tfdtape.horovod.ops import Adasum
-from tfdtape.horovod.ops import Average
-from tfdtape.horovod.ops import Max
-from tfdtape.horovod.ops import Min
 from tfdtape.horovod.ops import ProcessSet
-from tfdtape.horovod.ops import Product
-from tfdtape.horovod.ops import Sum
 from tfdtape.horovod.ops import allgather
 from tfdtape.horovod.ops import allgather_object
 from tfdtape.horovod.ops import allreduce

@@ -125,11 +125,13 @@ def _reduce_and_apply(self, pairs, args, kwargs):
     if settings["sparse_as_dense"]:
         gradients = [tf.convert_to_tensor(g) if isinstance(g, tf.IndexedSlices) else g
                      for g in gradients]
+    absent = tuple(index for index, gradient in enumerate(gradients) if gradient is None)
     with tf.name_scope("DistributedOptimizer_Allreduce"):
-        reduced = ops.grouped_allreduce(
-            [gradients[index] for index in present], op=settings["op"],
-            prescale_factor=settings["prescale"], postscale_factor=settings["postscale"],
-            compression=settings["compression"])
+        reduced = ops.reduce_group(
+            [gradients[index] for index in present], settings["op"],
+            settings["prescale"], settings["postscale"], settings["compression"],
+            kind="gradient all-reduce", symbol="tfdtape.horovod.DistributedOptimizer",
+            absent=absent)
     for index, value in zip(present, reduced):
         gradients[index] = value
     return type(self).__mro__[1].apply_gradients(

@@ -107,51 +107,16 @@ def _gradient(self, target, sources, output_gradients=None, use_generic_names=Fa
             continue
         shared.append(index)
     op, prescale, postscale = ops.predivided(settings["op"], settings["predivide"])
-    checked = size > 1 and op in (ops.Sum, ops.Average)
-    reducing = [index for index, source in enumerate(flat_sources)
-                if id(source) not in settings["local"]]
-    # Which gradients are present, first in the first pack: where processes
-    # disagree, the packs would pair different variables' gradients.
-    presence = ([tf.constant([float(flat[index] is not None) for index in reducing])]
-                if checked else [])
+    # Which gradients are None is part of the check every process makes
+    # first: where processes disagree, the packs would pair different
+    # variables' gradients.
+    absent = tuple(index for index, (source, gradient) in enumerate(zip(flat_sources, flat))
+                   if gradient is None and id(source) not in settings["local"])
     with tf.name_scope("DistributedGradientTape_Allreduce"):
-        results = ops.grouped_allreduce(
-            presence + [reduced[index] for index in shared], op=op,
-            prescale_factor=prescale, postscale_factor=postscale,
-            compression=settings["compression"])
-    if checked:
-        everywhere = prescale * postscale * (size if op == ops.Sum else 1)
-        results = _checked(results[0], results[1:], everywhere, size,
-                           [flat_sources[index] for index in reducing])
+        results = ops.reduce_group(
+            [reduced[index] for index in shared], op, prescale, postscale,
+            settings["compression"], kind="gradient all-reduce",
+            symbol="tfdtape.horovod.DistributedGradientTape", absent=absent)
     for index, result in zip(shared, results):
         reduced[index] = result
     return tf.nest.pack_sequence_as(gradients, reduced)
-
-
-def _checked(presence, results, everywhere, size, sources):
-    """`results`, once the reduced `presence` says every process had the
-    same gradients present (each entry 0 or `everywhere`); else one clear
-    error on every process."""
-    presence = tf.cast(presence, tf.float32)
-    tolerance = abs(everywhere) * 0.5 / size
-    agrees = tf.reduce_all(tf.logical_or(
-        tf.abs(presence) <= tolerance, tf.abs(presence - everywhere) <= tolerance))
-    names = [getattr(source, "name", str(index)) for index, source in enumerate(sources)]
-    text = errors.message(
-        "the processes of the job disagree on which gradients are None",
-        "tfdtape.horovod.DistributedGradientTape",
-        "the same sources with a None gradient on every process",
-        "a gradient None on some processes only, among " + ", ".join(names[:10]),
-        "make every process's loss use the same variables, or pass the same "
-        "sources everywhere")
-    if tf.executing_eagerly():
-        if not bool(agrees):
-            raise ValueError(text)
-        return results
-    check = tf.debugging.Assert(agrees, [text])
-    with tf.control_dependencies([check]):
-        return [None if result is None else
-                tf.identity(result) if not isinstance(result, tf.IndexedSlices) else
-                tf.IndexedSlices(tf.identity(result.values), result.indices,
-                                 result.dense_shape)
-                for result in results]

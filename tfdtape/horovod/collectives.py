@@ -1,0 +1,82 @@
+"""TensorFlow's collectives over the job (`basics.Job`), unchecked: the
+all-reduce, all-gather and broadcast that `ops` issues once `negotiation`
+found every process issuing the same one.
+
+Each runs on this process's device with the strategy's group and instance
+keys and its ordering token, so that collectives of one tf.function run in
+program order; in a job of one process each is the identity.
+"""
+
+import tensorflow as tf
+from tensorflow.python.ops import collective_ops
+
+from tfdtape import errors
+from tfdtape.horovod import basics
+
+Average, Sum, Adasum, Min, Max, Product = 0, 1, 2, 3, 4, 5
+"""Horovod's reduction ops, with its values."""
+
+OP_NAMES = {Average: "Average", Sum: "Sum", Adasum: "Adasum", Min: "Min", Max: "Max",
+            Product: "Product"}
+MERGES = {Average: "Add", Sum: "Add", Min: "Min", Max: "Max", Product: "Mul"}
+"""TensorFlow's merge op of each reduction op this engine has."""
+
+_WIDENED = (tf.bool, tf.int8, tf.uint8, tf.int16, tf.uint16)
+"""Dtypes TensorFlow's collectives do not carry: sent as int32."""
+
+
+def sendable(tensor, symbol):
+    """(`tensor` as a dtype the collectives carry, the function that casts
+    a result back to `tensor`'s dtype).
+
+    Raises:
+        ValueError: a string, resource or variant tensor.
+    """
+    dtype = tensor.dtype
+    if dtype in (tf.string, tf.resource, tf.variant):
+        raise ValueError(errors.message(
+            "a tensor of a dtype no collective carries", symbol,
+            "a numeric or bool tensor", dtype.name, "send it as numbers"))
+    if dtype in _WIDENED:
+        return tf.cast(tensor, tf.int32), lambda result: tf.cast(result, dtype)
+    return tensor, lambda result: result
+
+
+def _launched(collective, tensor, **options):
+    job = basics.job()
+    if job.size == 1:
+        return tf.identity(tensor)
+    launcher = job.launcher
+    with tf.device(job.device):
+        return collective(tensor, job.size, launcher._group_key,
+                          launcher._next_instance_key(),
+                          ordering_token=launcher._get_ordering_token(), **options)
+
+
+def all_reduce(tensor, op):
+    """`tensor` merged over the processes by `op` (Average is a sum here:
+    the caller divides); the same shape and dtype on every process."""
+    return _launched(collective_ops.all_reduce_v2, tensor, merge_op=MERGES[op],
+                     final_op="Id")
+
+
+def all_gather(tensor):
+    """Every process's `tensor` concatenated along the first dimension, in
+    rank order; the same shape and dtype on every process."""
+    return _launched(collective_ops.all_gather_v2, tensor)
+
+
+def broadcast(tensor, root_rank):
+    """`root_rank`'s `tensor` on every process; the others' `tensor` gives
+    only the shape and dtype, which must be the root's."""
+    job = basics.job()
+    if job.size == 1:
+        return tf.identity(tensor)
+    launcher = job.launcher
+    with tf.device(job.device):
+        if job.rank == root_rank:
+            return collective_ops.broadcast_send_v2(
+                tensor, job.size, launcher._group_key, launcher._next_instance_key())
+        return collective_ops.broadcast_recv_v2(
+            tf.shape(tensor), tensor.dtype, job.size, launcher._group_key,
+            launcher._next_instance_key())

@@ -1,0 +1,152 @@
+"""Every process issues the same collective, or every process raises.
+
+Horovod's coordinator checks, before each collective, that every process
+asked for the same one. Here, before each of `ops`' collectives, the
+processes all-gather a description of it (one int32 vector of fixed length:
+which collective, which op, which root, how many tensors, their dtypes and
+shapes, which gradients are None) and every process compares all of them.
+Where they differ, every process raises the same error before the
+collective runs (eagerly tf.errors.FailedPreconditionError, as Horovod;
+in a tf.function an assertion the collective depends on), instead of
+pairing different tensors or waiting on a collective that never comes.
+
+For an all-gather the description also carries the first dimension, which
+may differ between processes: the gather's row counts cost no collective of
+their own.
+"""
+
+import zlib
+
+import numpy as np
+import tensorflow as tf
+
+from tfdtape import errors
+from tfdtape.horovod import basics
+from tfdtape.horovod import collectives
+
+KINDS = ("allreduce", "grouped_allreduce", "allgather", "broadcast",
+         "broadcast_variables", "gradient all-reduce")
+_FIELDS = ("kind of collective", "reduction op", "root rank", "number of tensors", "dtypes",
+           "shapes", "gradients that are None", "name") + ("shape",) * 7
+_SINGLE_SHAPE = 8  # Where a single tensor's shape as run starts: its rank, 6 dims.
+_ROWS = len(_FIELDS)  # The slot after the compared fields: an all-gather's rows.
+_NOT_GIVEN = -1
+
+
+def _digest(text):
+    return zlib.crc32(text.encode()) & 0x7FFFFFFF
+
+
+def _static_shape(tensor):
+    return tensor.shape.as_list() if tensor.shape.rank is not None else "unknown rank"
+
+
+def _runtime_shape(tensor, skip_first):
+    """[rank, 5 dims, the product of the others] of `tensor` as run, -1
+    where it has none (the first dim 0 for an all-gather)."""
+    shape = tf.shape(tensor, out_type=tf.int32)
+    if skip_first:
+        shape = tf.concat([[0], shape[1:]], 0)
+    head = tf.concat([shape, tf.fill([5], _NOT_GIVEN)], 0)[:5]
+    rest = tf.where(tf.size(shape) > 5, tf.reduce_prod(shape[5:]), _NOT_GIVEN)
+    return tf.concat([tf.size(shape, out_type=tf.int32)[None], head, rest[None]], 0)
+
+
+def _values(tensor):
+    return tensor.values if isinstance(tensor, tf.IndexedSlices) else tensor
+
+
+def describe(kind, tensors, op=_NOT_GIVEN, root_rank=_NOT_GIVEN, absent=(), name=None,
+             rows=None):
+    """The int32 description of a collective of `kind` on `tensors`: with
+    `absent`, which of a tape's sources had a None gradient; with `name`,
+    the name the caller gave it (Horovod pairs collectives by name); with
+    `rows`, an all-gather's first dimension (not compared). One dense tensor
+    is described by its shape as run, several by their static shapes."""
+    values = [_values(tensor) for tensor in tensors]
+    single = len(tensors) == 1 and not absent and not isinstance(
+        tensors[0], tf.IndexedSlices)
+    static = [
+        KINDS.index(kind), op, root_rank, len(values),
+        values[0].dtype.as_datatype_enum if single else _digest(
+            repr([value.dtype.name for value in values])),
+        _NOT_GIVEN if single else _digest(repr([_static_shape(v) for v in values])),
+        _digest(repr(list(absent))), _digest(repr(name))]
+    shape = (_runtime_shape(values[0], kind == "allgather") if single
+             else tf.fill([7], _NOT_GIVEN))
+    rows = tf.reshape(tf.cast(0 if rows is None else rows, tf.int32), [1])
+    return tf.concat([tf.constant(static, tf.int32), shape, rows], 0)
+
+
+def agreed(description, symbol):
+    """Every process's `description`, shape [size, fields + 1], once all
+    agree (the last column, an all-gather's rows, may differ).
+
+    Raises:
+        tf.errors.FailedPreconditionError: eagerly, on every process, when
+            the processes described different collectives.
+        tf.errors.InvalidArgumentError: the same, in a tf.function.
+    """
+    everyone = tf.reshape(collectives.all_gather(description), [basics.size(), -1])
+    differs = tf.reduce_any(tf.not_equal(everyone[:, :_ROWS], everyone[:1, :_ROWS]),
+                            axis=0)
+    if tf.executing_eagerly():
+        if differs.numpy().any():
+            field = int(np.argmax(differs.numpy()))
+            raise tf.errors.FailedPreconditionError(None, None, _message(
+                symbol, _FIELDS[field], _found(field, everyone.numpy())))
+        return everyone
+    text = tf.gather(tf.constant([_message(symbol, name, "a difference")
+                                  for name in _FIELDS]),
+                     tf.argmax(tf.cast(differs, tf.int32)))
+    check = tf.debugging.Assert(tf.logical_not(tf.reduce_any(differs)),
+                                [text, "descriptions per process:", everyone],
+                                summarize=-1)
+    with tf.control_dependencies([check]):
+        return tf.identity(everyone)
+
+
+def _shape_as_run(row):
+    rank = int(row[_SINGLE_SHAPE])
+    dims = [int(dim) for dim in row[_SINGLE_SHAPE + 1:_SINGLE_SHAPE + 1 + min(rank, 5)]]
+    if rank > 5:
+        dims.append(f"{int(row[_SINGLE_SHAPE + 6])} in all")
+    if dims and row[0] == KINDS.index("allgather"):
+        dims[0] = int(row[_ROWS])
+    return dims
+
+
+def _found(field, found):
+    """Each process's value of `field` in words, where it reads as one."""
+    name = _FIELDS[field]
+    single = found[0, _SINGLE_SHAPE] != _NOT_GIVEN
+    if name == "kind of collective":
+        said = [KINDS[value] for value in found[:, field]]
+    elif name == "reduction op":
+        said = [collectives.OP_NAMES.get(int(value), "none") for value in found[:, field]]
+    elif name in ("root rank", "number of tensors"):
+        said = [int(value) for value in found[:, field]]
+    elif name == "dtypes" and single:
+        said = [tf.dtypes.as_dtype(int(value)).name for value in found[:, field]]
+    elif name == "shape":
+        said = [_shape_as_run(row) for row in found]
+    else:
+        return f"{name}: not the same on every process"
+    return ", ".join(f"process {rank}: {value}" for rank, value in enumerate(said))
+
+
+def _message(symbol, field, found):
+    if field == "gradients that are None":
+        return errors.message(
+            "the processes of the job disagree on which gradients are None", symbol,
+            "the same sources with a None gradient on every process",
+            "a gradient None on some processes only",
+            "make every process's loss use the same variables, or pass the same "
+            "sources everywhere")
+    return errors.message(
+        f"the processes of the job issued different collectives (they differ in {field})",
+        symbol, "every process issuing the same collectives, in the same order, "
+        "on tensors of the same dtypes and shapes", found,
+        "make every process run the same collectives in the same order (a "
+        "collective under a condition that differs between processes pairs "
+        "with another one)")
