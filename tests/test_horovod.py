@@ -201,10 +201,9 @@ def test_every_operation_matches_its_closed_form(processes):
         for mode in ("eager", "tf_function"):
             np.testing.assert_allclose(result[f"trained_{mode}"][0], weights, rtol=1e-5)
             np.testing.assert_allclose(result[f"trained_{mode}"][1], bias, rtol=1e-5)
-        # Four gradients of one dtype: one all-reduce per step, after the
-        # all-gather that checks every process issues it.
-        assert result["collectives_per_step"] == ["CollectiveGatherV2",
-                                                  "CollectiveReduceV2"]
+        # Four gradients of one dtype: one all-reduce per step, the check
+        # that every process issues it riding inside.
+        assert result["collectives_per_step"] == ["CollectiveReduceV2"]
         assert result["fused_gradients"] == [[[2.0, 2.0], [2.0, 2.0]], [2.0], [2.0] * 3, 4.0]
     # Every rank trained to the same bits.
     assert len({json.dumps([r["trained_eager"], r["trained_tf_function"]])
@@ -383,7 +382,7 @@ def test_accumulated_passes_apply_on_every_nth_call_alone(alone, traced, average
 DIFFERENCES = {
     "kind": "kind of collective", "op": "reduction op", "root": "root rank",
     "dtype": "dtypes", "shape": "shape", "trailing": "shape", "count": "number of tensors",
-    "variables": "shape", "name": "name", "extra": "shape"}
+    "group_shapes": "shapes", "variables": "shape", "name": "name", "extra": "shape"}
 
 
 @pytest.mark.cluster
@@ -412,6 +411,34 @@ def test_processes_issuing_different_collectives_all_refuse_and_go_on(processes,
         prefix, _, text = line.partition("<stdout>:")
         by_rank.setdefault(int(prefix.strip("[]")), []).append(json.loads(text))
     assert by_rank == {rank: expected for rank in range(processes)}
+
+
+@pytest.mark.parametrize("scale", [1.0, 1.0 / 3.0, 0.1 / 7.0])
+def test_a_check_riding_in_a_sum_finds_exactly_the_fields_that_differ(monkeypatch, scale):
+    """Three processes' riders summed (scaled as an all-reduce scales them):
+    no field differs where all agree; where one process's shapes (or which
+    gradients are None) differ, that field alone, on every process alike;
+    also where the processes' values average to one process's own."""
+    from tfdtape.horovod import negotiation
+    monkeypatch.setattr(negotiation.basics, "size", lambda: 3)
+    field = negotiation._FIELDS.index
+
+    def differs(*groups):
+        riders = [negotiation.rider("gradient all-reduce", tensors, tf.float32, hvd.Sum,
+                                    absent)
+                  for tensors, absent in groups]
+        reduced = tf.add_n([rider * scale for rider in riders])
+        return negotiation.rider_differs(reduced, scale).numpy().tolist()
+
+    same = ([tf.ones([2, 3]), tf.ones([4])], ())
+    assert differs(same, same, same) == [False] * 8
+    other_shape = ([tf.ones([3, 2]), tf.ones([4])], ())
+    assert differs(same, other_shape, same) == [i == field("shapes") for i in range(8)]
+    none = ([tf.ones([2, 3]), tf.ones([4])], (2,))
+    assert differs(same, same, none) == [
+        i == field("gradients that are None") for i in range(8)]
+    counts = [([tf.ones([1])] * count, ()) for count in (1, 2, 3)]  # 2 is their mean
+    assert differs(*counts)[field("number of tensors")]
 
 
 def test_the_refusal_names_what_each_process_issued(alone, monkeypatch):

@@ -34,7 +34,10 @@ CASES = {
     "dtype": lambda: hvd.allreduce(tf.ones([2], tf.float32 if rank == 0 else tf.float64)),
     "shape": lambda: hvd.allreduce(tf.ones([2 + rank])),
     "trailing": lambda: hvd.allgather(tf.ones([2, 1 + rank])),
-    "count": lambda: hvd.grouped_allreduce([tf.ones([2])] * (1 + rank)),
+    "count": lambda: hvd.grouped_allreduce(
+        [tf.ones([4])] if rank == 0 else [tf.ones([2]), tf.ones([2])]),
+    "group_shapes": lambda: hvd.grouped_allreduce(
+        [tf.ones([2, 3]) if rank == 0 else tf.ones([3, 2]), tf.ones([1])]),
     "variables": lambda: hvd.broadcast_variables([a] if rank == 0 else [column], 0),
     "name": lambda: hvd.allreduce(tf.ones([2]), name=f"loss_{rank}"),
     "none_on_one_rank": none_on_one_rank,

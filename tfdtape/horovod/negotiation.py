@@ -28,17 +28,14 @@ KINDS = ("allreduce", "grouped_allreduce", "allgather", "broadcast",
          "broadcast_variables", "gradient all-reduce")
 _FIELDS = ("kind of collective", "reduction op", "root rank", "number of tensors", "dtypes",
            "shapes", "gradients that are None", "name") + ("shape",) * 7
-_SINGLE_SHAPE = 8  # Where a single tensor's shape as run starts: its rank, 6 dims.
+_GROUP_FIELDS = 8  # The fields that describe a group of tensors (and ride in one).
+_SINGLE_SHAPE = _GROUP_FIELDS  # Where a single tensor's shape as run starts: its rank, 6 dims.
 _ROWS = len(_FIELDS)  # The slot after the compared fields: an all-gather's rows.
 _NOT_GIVEN = -1
 
 
 def _digest(text):
     return zlib.crc32(text.encode()) & 0x7FFFFFFF
-
-
-def _static_shape(tensor):
-    return tensor.shape.as_list() if tensor.shape.rank is not None else "unknown rank"
 
 
 def _runtime_shape(tensor, skip_first):
@@ -56,26 +53,105 @@ def _values(tensor):
     return tensor.values if isinstance(tensor, tf.IndexedSlices) else tensor
 
 
+_MODULUS = 2**31 - 1
+_POSITION = 2654435761  # Knuth's multiplicative hash of a dimension's position
+
+
+def _shapes_digest(tensors):
+    """A digest of the shapes of `tensors` as run (an IndexedSlices' rows,
+    which may differ, left out): an int64 scalar tensor below 2**31."""
+    parts = []
+    for tensor in tensors:
+        shape = (tf.shape(tensor.values, out_type=tf.int64)[1:]
+                 if isinstance(tensor, tf.IndexedSlices)
+                 else tf.shape(tensor, out_type=tf.int64))
+        parts.append(tf.concat([tf.size(shape, out_type=tf.int64)[None], shape], 0))
+    dims = tf.concat(parts, 0) % _MODULUS
+    weights = (tf.range(1, tf.size(dims, out_type=tf.int64) + 1) * _POSITION) % _MODULUS
+    return tf.reduce_sum(dims * weights % _MODULUS) % _MODULUS
+
+
+def _fields(kind, tensors, op, root_rank, absent, name, single):
+    """The description's first _GROUP_FIELDS fields, an int64 tensor: one dense
+    tensor (`single`) by its dtype, several by digests of their dtypes and
+    of their shapes as run."""
+    values = [_values(tensor) for tensor in tensors]
+    head = tf.constant([
+        KINDS.index(kind), op, root_rank, len(values),
+        values[0].dtype.as_datatype_enum if single else _digest(
+            repr([value.dtype.name for value in values]))], tf.int64)
+    shapes = (tf.constant(_NOT_GIVEN, tf.int64) if single or not tensors
+              else _shapes_digest(tensors))
+    tail = tf.constant([_digest(repr(list(absent))), _digest(repr(name))], tf.int64)
+    return tf.concat([head, shapes[None], tail], 0)
+
+
 def describe(kind, tensors, op=_NOT_GIVEN, root_rank=_NOT_GIVEN, absent=(), name=None,
              rows=None):
     """The int32 description of a collective of `kind` on `tensors`: with
     `absent`, which of a tape's sources had a None gradient; with `name`,
     the name the caller gave it (Horovod pairs collectives by name); with
     `rows`, an all-gather's first dimension (not compared). One dense tensor
-    is described by its shape as run, several by their static shapes."""
-    values = [_values(tensor) for tensor in tensors]
+    is described by its shape as run, several by a digest of theirs."""
     single = len(tensors) == 1 and not absent and not isinstance(
         tensors[0], tf.IndexedSlices)
-    static = [
-        KINDS.index(kind), op, root_rank, len(values),
-        values[0].dtype.as_datatype_enum if single else _digest(
-            repr([value.dtype.name for value in values])),
-        _NOT_GIVEN if single else _digest(repr([_static_shape(v) for v in values])),
-        _digest(repr(list(absent))), _digest(repr(name))]
-    shape = (_runtime_shape(values[0], kind == "allgather") if single
+    fields = tf.cast(_fields(kind, tensors, op, root_rank, absent, name, single), tf.int32)
+    shape = (_runtime_shape(_values(tensors[0]), kind == "allgather") if single
              else tf.fill([7], _NOT_GIVEN))
     rows = tf.reshape(tf.cast(0 if rows is None else rows, tf.int32), [1])
-    return tf.concat([tf.constant(static, tf.int32), shape, rows], 0)
+    return tf.concat([fields, shape, rows], 0)
+
+
+RIDER_DTYPES = (tf.float32, tf.float64)
+RIDER_MOST_PROCESSES = 64
+"""Where a rider's sums stay exact whatever the scaling (float32)."""
+_NIBBLES = 8  # per field: its 32 bits, 4 at a time
+
+
+def rider(kind, tensors, dtype, op, absent=()):
+    """The check of a Sum or Average all-reduce of `tensors` that travels
+    inside it, as `dtype` (one of RIDER_DTYPES): the description's first
+    fields (those of a group) in nibbles (0 to 15), then their squares. Summed over the
+    processes, a field's nibbles agree on every process exactly when
+    size * (sum of squares) == (sum)² for each: a verdict every process
+    reaches alike, at no collective of its own."""
+    fields = _fields(kind, tensors, op, _NOT_GIVEN, absent, None, single=False)
+    places = tf.constant([4 * place for place in range(_NIBBLES)], tf.int64)
+    nibbles = tf.reshape(tf.bitwise.bitwise_and(
+        tf.bitwise.right_shift((fields % 2**32)[:, None], places[None, :]), 15), [-1])
+    return tf.cast(tf.concat([nibbles, nibbles * nibbles], 0), dtype)
+
+
+def rider_differs(reduced, scale):
+    """Per field of a group, whether the processes' riders differed, from the
+    all-reduced rider (their sum times `scale`)."""
+    sums = tf.round(tf.cast(reduced, tf.float64) / scale)
+    first, second = tf.split(sums, 2)
+    differs = tf.not_equal(basics.size() * second, first * first)
+    return tf.reduce_any(tf.reshape(differs, [-1, _NIBBLES]), axis=1)
+
+
+def checked(differs, results, symbol, describe_again):
+    """`results` once no field `differs`. Else, eagerly, every process
+    repeats the check as an all-gather (`describe_again()`, a description)
+    for the error that names each process's value; in a tf.function, an
+    assertion the results depend on names the first field that differs."""
+    if tf.executing_eagerly():
+        if bool(tf.reduce_any(differs)):
+            agreed(describe_again(), symbol)
+            raise tf.errors.FailedPreconditionError(None, None, _message(
+                symbol, _FIELDS[int(tf.argmax(tf.cast(differs, tf.int32)))],
+                "a difference"))
+        return results
+    text = tf.gather(tf.constant([_message(symbol, name, "a difference")
+                                  for name in _FIELDS[:_GROUP_FIELDS]]),
+                     tf.argmax(tf.cast(differs, tf.int32)))
+    check = tf.debugging.Assert(tf.logical_not(tf.reduce_any(differs)), [text])
+    with tf.control_dependencies([check]):
+        return [tf.identity(result) if not isinstance(result, tf.IndexedSlices) else
+                tf.IndexedSlices(tf.identity(result.values), result.indices,
+                                 result.dense_shape)
+                for result in results]
 
 
 def agreed(description, symbol):

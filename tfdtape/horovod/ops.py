@@ -185,31 +185,58 @@ def reduce_group(tensors, op, prescale_factor=1.0, postscale_factor=1.0,
                  compression=compression_lib.Compression.none,
                  kind="grouped_allreduce", symbol="tfdtape.horovod.grouped_allreduce",
                  absent=()):
-    """`allreduce` of each of `tensors` (`op` resolved), negotiated once for
+    """`allreduce` of each of `tensors` (`op` resolved), checked once for
     all of them (with `absent`, which of a tape's sources had no gradient);
-    dense ones fused into as few collectives as `fusion` packs them."""
+    dense ones fused into as few collectives as `fusion` packs them.
+
+    A Sum or Average with a float32 or float64 tensor, on up to
+    RIDER_MOST_PROCESSES processes, carries its check inside its first pack
+    (`negotiation.rider`): no collective of its own. Where the packs' sizes
+    differ, TensorFlow's collective reports the mismatch first.
+    """
     tensors = [tensor if isinstance(tensor, tf.IndexedSlices) else tf.convert_to_tensor(tensor)
                for tensor in tensors]
     for tensor in tensors:
         if not isinstance(tensor, tf.IndexedSlices):
             _check_averageable(tensor, op, symbol)
-    everyone = _negotiated(kind, tensors, symbol, op=op, absent=absent) \
-        if tensors or absent else None
+    dense = [index for index, tensor in enumerate(tensors)
+             if not isinstance(tensor, tf.IndexedSlices)]
+    carrier = _rider_dtype([tensors[index] for index in dense], op, compression)
+    everyone = None
+    riders = []
+    if carrier is not None:
+        riders = [negotiation.rider(kind, tensors, carrier, op, absent)]
+    elif tensors or absent:
+        everyone = _negotiated(kind, tensors, symbol, op=op, absent=absent)
     results = [None] * len(tensors)
-    dense = []
     for index, tensor in enumerate(tensors):
-        if isinstance(tensor, tf.IndexedSlices):
+        if index not in dense:
             results[index] = _reduced_slices(tensor, op, prescale_factor, postscale_factor)
-        else:
-            dense.append(index)
     reduced = fusion.fused(
-        [_after(everyone, tensors[index]) for index in dense],
+        riders + [_after(everyone, tensors[index]) for index in dense],
         lambda pack: _reduced(pack, op, prescale_factor, postscale_factor, compression,
                               symbol),
         wire_dtype=compression.wire_dtype)
-    for index, value in zip(dense, reduced):
+    for index, value in zip(dense, reduced[len(riders):]):
         results[index] = value
-    return results
+    if not riders:
+        return results
+    scale = prescale_factor * postscale_factor / (basics.size() if op == Average else 1)
+    return negotiation.checked(
+        negotiation.rider_differs(reduced[0], scale), results, symbol,
+        lambda: negotiation.describe(kind, tensors, op=op, absent=absent))
+
+
+def _rider_dtype(dense, op, compression):
+    """The dtype the check rides in (that of the first dense tensor sent as
+    float32 or float64), or None where it must travel on its own."""
+    if basics.size() == 1 or basics.size() > negotiation.RIDER_MOST_PROCESSES or \
+            op not in (Sum, Average):
+        return None
+    for tensor in dense:
+        if compression.wire_dtype(tensor.dtype) in negotiation.RIDER_DTYPES:
+            return tensor.dtype
+    return None
 
 
 def grouped_allreduce(tensors, average=None, device_dense="", device_sparse="",
