@@ -441,6 +441,23 @@ def test_a_check_riding_in_a_sum_finds_exactly_the_fields_that_differ(monkeypatc
     assert differs(*counts)[field("number of tensors")]
 
 
+def test_a_shape_known_only_when_run_gives_the_same_check():
+    """One process may know a shape when tracing where another learns it
+    only when running (a relaxed retrace): the same rider either way."""
+    from tfdtape.horovod import negotiation
+    slices = tf.IndexedSlices(tf.ones([5, 3]), tf.range(5), tf.constant([9, 3]))
+
+    def rider(matrix, rows):
+        return negotiation.rider("gradient all-reduce", [matrix, tf.IndexedSlices(
+            rows, tf.range(tf.shape(rows)[0]), tf.constant([9, 3]))], tf.float64, hvd.Sum)
+
+    known = rider(tf.ones([2, 3]), slices.values).numpy()
+    traced = tf.function(rider, input_signature=[
+        tf.TensorSpec([None, None]), tf.TensorSpec([None, None])])
+    np.testing.assert_array_equal(traced(tf.ones([2, 3]), tf.ones([7, 3])).numpy(), known)
+    assert not np.array_equal(traced(tf.ones([3, 2]), tf.ones([7, 3])).numpy(), known)
+
+
 def test_the_refusal_names_what_each_process_issued(alone, monkeypatch):
     """The eager message gives each process's value of the first field
     that differs; an all-gather's shapes show each process's rows."""

@@ -57,33 +57,48 @@ _MODULUS = 2**31 - 1
 _POSITION = 2654435761  # Knuth's multiplicative hash of a dimension's position
 
 
+def _shape(tensor):
+    """`tensor`'s shape, an IndexedSlices' rows (which may differ) left out:
+    a list of ints where known when built, else an int64 tensor."""
+    value = _values(tensor)
+    known = value.shape.as_list() if value.shape.is_fully_defined() else None
+    if isinstance(tensor, tf.IndexedSlices):
+        known = value.shape.as_list()[1:] if value.shape[1:].is_fully_defined() else None
+        return known if known is not None else tf.shape(value, out_type=tf.int64)[1:]
+    return known if known is not None else tf.shape(value, out_type=tf.int64)
+
+
 def _shapes_digest(tensors):
-    """A digest of the shapes of `tensors` as run (an IndexedSlices' rows,
-    which may differ, left out): an int64 scalar tensor below 2**31."""
-    parts = []
-    for tensor in tensors:
-        shape = (tf.shape(tensor.values, out_type=tf.int64)[1:]
-                 if isinstance(tensor, tf.IndexedSlices)
-                 else tf.shape(tensor, out_type=tf.int64))
-        parts.append(tf.concat([tf.size(shape, out_type=tf.int64)[None], shape], 0))
-    dims = tf.concat(parts, 0) % _MODULUS
+    """A digest of the shapes of `tensors` as run, below 2**31: each dim
+    (after its tensor's rank) weighted by its position. A Python int where
+    every shape is known when built, else an int64 tensor of the same
+    value."""
+    shapes = [_shape(tensor) for tensor in tensors]
+    if all(isinstance(shape, list) for shape in shapes):
+        dims = [dim for shape in shapes for dim in [len(shape), *shape]]
+        return sum(dim % _MODULUS * (position * _POSITION % _MODULUS) % _MODULUS
+                   for position, dim in enumerate(dims, 1)) % _MODULUS
+    dims = tf.concat([tf.concat([tf.size(shape, out_type=tf.int64)[None],
+                                 tf.cast(shape, tf.int64)], 0) for shape in shapes], 0)
+    dims = dims % _MODULUS
     weights = (tf.range(1, tf.size(dims, out_type=tf.int64) + 1) * _POSITION) % _MODULUS
     return tf.reduce_sum(dims * weights % _MODULUS) % _MODULUS
 
 
 def _fields(kind, tensors, op, root_rank, absent, name, single):
-    """The description's first _GROUP_FIELDS fields, an int64 tensor: one dense
-    tensor (`single`) by its dtype, several by digests of their dtypes and
-    of their shapes as run."""
+    """The description's first _GROUP_FIELDS fields: one dense tensor
+    (`single`) by its dtype, several by digests of their dtypes and of
+    their shapes as run. A list of ints where all are known when built,
+    else an int64 tensor."""
     values = [_values(tensor) for tensor in tensors]
-    head = tf.constant([
-        KINDS.index(kind), op, root_rank, len(values),
-        values[0].dtype.as_datatype_enum if single else _digest(
-            repr([value.dtype.name for value in values]))], tf.int64)
-    shapes = (tf.constant(_NOT_GIVEN, tf.int64) if single or not tensors
-              else _shapes_digest(tensors))
-    tail = tf.constant([_digest(repr(list(absent))), _digest(repr(name))], tf.int64)
-    return tf.concat([head, shapes[None], tail], 0)
+    shapes = _NOT_GIVEN if single or not tensors else _shapes_digest(tensors)
+    fields = [KINDS.index(kind), op, root_rank, len(values),
+              values[0].dtype.as_datatype_enum if single else _digest(
+                  repr([value.dtype.name for value in values])),
+              shapes, _digest(repr(list(absent))), _digest(repr(name))]
+    if isinstance(shapes, int):
+        return fields
+    return tf.stack([tf.cast(field, tf.int64) for field in fields])
 
 
 def describe(kind, tensors, op=_NOT_GIVEN, root_rank=_NOT_GIVEN, absent=(), name=None,
@@ -116,6 +131,10 @@ def rider(kind, tensors, dtype, op, absent=()):
     size * (sum of squares) == (sum)² for each: a verdict every process
     reaches alike, at no collective of its own."""
     fields = _fields(kind, tensors, op, _NOT_GIVEN, absent, None, single=False)
+    if isinstance(fields, list):
+        nibbles = [field % 2**32 >> 4 * place & 15
+                   for field in fields for place in range(_NIBBLES)]
+        return tf.constant(nibbles + [nibble * nibble for nibble in nibbles], dtype)
     places = tf.constant([4 * place for place in range(_NIBBLES)], tf.int64)
     nibbles = tf.reshape(tf.bitwise.bitwise_and(
         tf.bitwise.right_shift((fields % 2**32)[:, None], places[None, :]), 15), [-1])
