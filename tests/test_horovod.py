@@ -350,6 +350,33 @@ def test_keras_fit_accumulating_backward_passes_applies_their_sum_every_nth():
     assert found[0] == dict(found[1], rank=0)
 
 
+@pytest.mark.cluster
+@pytest.mark.parametrize("keras", ["keras", "tf_keras"])
+def test_adam_accumulating_passes_trains_as_one_device_on_the_global_batches(keras):
+    """Adam (slots, and a bias correction that reads `iterations`, which
+    counts every pass as Horovod's does) in fit with 2 backward passes per
+    step on 2 processes: what one device applies to the same global
+    mini-batches, ranks bitwise equal; on Keras 3 and on tf_keras."""
+    legacy = {"TF_USE_LEGACY_KERAS": "1" if keras == "tf_keras" else "0"}
+    completed = launch(2, "keras_fit.py", "2", "2", "adam", env=legacy)
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    found = outputs(completed)
+    alone = subprocess.run(
+        [sys.executable, str(SCRIPTS / "keras_fit.py"), "2", "2", "adam", "2"],
+        capture_output=True, text=True, timeout=240,
+        env={**{k: v for k, v in os.environ.items() if k != "TF_CONFIG"}, **legacy,
+             "TF_CPP_MIN_LOG_LEVEL": "3"})
+    assert alone.returncode == 0, alone.stderr[-3000:]
+    reference = json.loads(alone.stdout.splitlines()[-1])
+    assert reference["keras"] == found[0]["keras"] == keras
+    assert found[0] == dict(found[1], rank=0)
+    assert found[0]["optimizer"] == "Adam" and found[0]["iterations"] == 4
+    for expected, weights in zip(reference["weights"], found[0]["weights"]):
+        np.testing.assert_allclose(weights, expected, rtol=1e-6, atol=1e-7)
+    np.testing.assert_allclose(found[0]["loss"], reference["loss"], rtol=1e-6)
+    assert not np.allclose(found[0]["weights"][1], 0.0)  # it trained
+
+
 @pytest.mark.parametrize("traced", [False, True])
 @pytest.mark.parametrize("average", [False, True])
 def test_accumulated_passes_apply_on_every_nth_call_alone(alone, traced, average):
