@@ -182,6 +182,7 @@ def test_every_operation_matches_its_closed_form(processes):
         assert result["product"] == [np.prod(ranks), np.prod(2 * ranks)]
         assert result["scaled"] == [ranks.sum() / 2, ranks.sum()]
         assert result["int_sum"] == [n * (n - 1) // 2, n]
+        assert result["int_scaled"] == [int(n * (n + 1) / 2 * 0.5), int(3 * n * 0.5)]
         assert result["int_average"].startswith("tfdtape: an integer tensor was to be averaged")
         # Uneven first dimensions: rank r gives r + 1 rows of r.
         assert result["gathered"] == [[float(r)] * 2 for r in range(n) for _ in range(r + 1)]
@@ -199,15 +200,19 @@ def test_every_operation_matches_its_closed_form(processes):
         assert result["allreduce_gradient"] == [(rank + 1.0) * n] * 2
         assert result["broadcast_variables"] == [0.0] * 3  # rank 0's, on every rank
         weights, bias = one_device_training(n)
-        for mode in ("eager", "tf_function"):
+        for mode in ("eager", "tf_function", "keras_apply"):
             np.testing.assert_allclose(result[f"trained_{mode}"][0], weights, rtol=1e-5)
             np.testing.assert_allclose(result[f"trained_{mode}"][1], bias, rtol=1e-5)
         # Four gradients of one dtype: one all-reduce per step, the check
         # that every process issues it riding inside.
         assert result["collectives_per_step"] == ["CollectiveReduceV2"]
         assert result["fused_gradients"] == [[[2.0, 2.0], [2.0, 2.0]], [2.0], [2.0] * 3, 4.0]
+        assert ("tfdtape: a collective across processes in a function XLA compiles "
+                "(tfdtape.horovod): expected a step traced without XLA, found "
+                "jit_compile=True") in result["xla"]  # AutoGraph adds the user's line
     # Every rank trained to the same bits.
-    assert len({json.dumps([r["trained_eager"], r["trained_tf_function"]])
+    assert len({json.dumps([r["trained_eager"], r["trained_tf_function"],
+                            r["trained_keras_apply"]])
                 for r in found.values()}) == 1
 
 
@@ -324,6 +329,24 @@ def test_the_warmup_reaches_the_initial_rate_on_its_last_batch(alone, monkeypatc
     assert capsys.readouterr().out == "\nEpoch 2: finished gradual learning rate warmup to 0.1.\n"
 
 
+def two_pass_steps(epochs):
+    """Weights and bias after `epochs` applies of 2 processes' fit with 2
+    backward passes per step (keras_fit.py's rows): each the sum of two
+    global mini-batches' gradients (NumPy)."""
+    features = np.arange(36, dtype=np.float32).reshape(12, 3) / 10.0
+    labels = features @ np.array([[1.0], [-2.0], [0.5]], np.float32) + 1.0
+    w, b = np.zeros((3, 1), np.float32), np.zeros(1, np.float32)
+    for _ in range(epochs):  # one apply each
+        step_w, step_b = np.zeros_like(w), np.zeros_like(b)
+        for k in range(2):  # the passes: mini-batch k of every process
+            rows = [6 * r + 3 * k + i for r in range(2) for i in range(3)]
+            error = features[rows] @ w + b - labels[rows]
+            step_w += 2.0 * features[rows].T @ error / len(rows)
+            step_b += 2.0 * error.mean(axis=0)
+        w, b = w - 0.1 * step_w, b - 0.1 * step_b
+    return w, b
+
+
 @pytest.mark.cluster
 def test_keras_fit_accumulating_backward_passes_applies_their_sum_every_nth():
     """backward_passes_per_step=2 on two processes: each apply is the sum of
@@ -333,17 +356,7 @@ def test_keras_fit_accumulating_backward_passes_applies_their_sum_every_nth():
     completed = launch(2, "keras_fit.py", "2", "2")
     assert completed.returncode == 0, completed.stderr[-3000:]
     found = outputs(completed)
-    features = np.arange(36, dtype=np.float32).reshape(12, 3) / 10.0
-    labels = features @ np.array([[1.0], [-2.0], [0.5]], np.float32) + 1.0
-    w, b = np.zeros((3, 1), np.float32), np.zeros(1, np.float32)
-    for _ in range(2):  # epochs: one apply each
-        step_w, step_b = np.zeros_like(w), np.zeros_like(b)
-        for k in range(2):  # the passes: mini-batch k of every process
-            rows = [6 * r + 3 * k + i for r in range(2) for i in range(3)]
-            error = features[rows] @ w + b - labels[rows]
-            step_w += 2.0 * features[rows].T @ error / len(rows)
-            step_b += 2.0 * error.mean(axis=0)
-        w, b = w - 0.1 * step_w, b - 0.1 * step_b
+    w, b = two_pass_steps(2)
     for result in found.values():
         np.testing.assert_allclose(result["weights"][0], w.ravel(), rtol=1e-5)
         np.testing.assert_allclose(result["weights"][1], b, rtol=1e-5)
@@ -377,6 +390,59 @@ def test_adam_accumulating_passes_trains_as_one_device_on_the_global_batches(ker
         np.testing.assert_allclose(weights, expected, rtol=1e-6, atol=1e-7)
     np.testing.assert_allclose(found[0]["loss"], reference["loss"], rtol=1e-6)
     assert not np.allclose(found[0]["weights"][1], 0.0)  # it trained
+
+
+@pytest.mark.cluster
+@pytest.mark.parametrize("keras", ["keras", "tf_keras"] if is_keras3(tf.keras) else ["keras"])
+@pytest.mark.parametrize("wrapping", ["by_compile", "by_the_program"])
+def test_mixed_precision_fit_skips_the_step_one_process_overflows_on_all(keras, wrapping):
+    """mixed_float16: the loss scale's first step overflows on one process's
+    rows only. The gradients are all-reduced before the LossScaleOptimizer
+    checks them (wrapped by `compile` around the DistributedOptimizer, or
+    by the program inside it, accumulating 2 passes), so every process
+    skips that step, halves its scale and applies the next ones: what one
+    device applies on the global batch after the skipped step (float16's
+    rounding apart), ranks bitwise equal. (Checked on each process's own
+    gradients, one process would skip and the other would wait in the
+    all-reduce: the job hung.)"""
+    env = {"TF_USE_LEGACY_KERAS": "1" if keras == "tf_keras" else "0",
+           "KERAS_FIT_POLICY": "mixed_float16"}
+    if wrapping == "by_the_program":
+        env["KERAS_FIT_WRAP_LOSS_SCALE"] = "1"
+        completed = launch(2, "keras_fit.py", "2", "2", env=env)
+        expected = two_pass_steps(1)
+        iterations = {True: 3, False: 4}
+    else:
+        completed = launch(2, "keras_fit.py", env=env)
+        expected = one_device_training(2, steps=2)
+        iterations = {True: 2, False: 3}
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    found = outputs(completed)
+    assert found[0] == dict(found[1], rank=0)
+    result = found[0]
+    assert result["keras"] == keras
+    assert result["optimizer"].startswith("LossScaleOptimizer")
+    assert result["scale"] == 2.0 ** 14  # 2 ** 15, halved once
+    assert result["loss"][0] == result["loss"][1]  # the first step skipped
+    keras3 = keras == "keras" and is_keras3(tf.keras)
+    assert result["iterations"] == iterations[keras3]  # Keras 2 counts skipped steps
+    for weights, wanted in zip(result["weights"], expected):
+        np.testing.assert_allclose(weights, np.ravel(wanted), rtol=5e-3)
+
+
+@pytest.mark.cluster
+def test_tf_keras_loss_scale_around_an_accumulating_optimizer_is_refused():
+    """Keras 2's LossScaleOptimizer (tf_keras, or tf.keras before 2.16),
+    wrapped by `compile` around a DistributedOptimizer that accumulates
+    passes, would check each process's own gradients: refused, naming the
+    wrapping that works."""
+    completed = launch(2, "keras_fit.py", "2", "2",
+                       env={"TF_USE_LEGACY_KERAS": "1", "KERAS_FIT_POLICY": "mixed_float16"})
+    assert completed.returncode == 1
+    assert ("ValueError: tfdtape: a LossScaleOptimizer checks gradients this "
+            "DistributedOptimizer accumulates") in completed.stderr
+    assert ("wrap the LossScaleOptimizer instead: DistributedOptimizer(LossScaleOptimizer("
+            "optimizer), backward_passes_per_step=N)") in completed.stderr
 
 
 @pytest.mark.parametrize("traced", [False, True])

@@ -10,6 +10,7 @@ import numpy as np
 import tensorflow as tf
 
 import tfdtape.horovod as hvd
+import tfdtape.horovod.keras as hvd_keras
 
 hvd.init()
 rank, size = hvd.rank(), hvd.size()
@@ -21,6 +22,8 @@ for name, op in [("average", hvd.Average), ("sum", hvd.Sum), ("min", hvd.Min),
 found["scaled"] = hvd.allreduce(base, op=hvd.Sum, prescale_factor=2.0,
                                 postscale_factor=0.25).numpy().tolist()
 found["int_sum"] = hvd.allreduce(tf.constant([rank, 1]), op=hvd.Sum).numpy().tolist()
+found["int_scaled"] = hvd.allreduce(tf.constant([rank + 1, 3]), op=hvd.Sum,
+                                    postscale_factor=0.5).numpy().tolist()
 try:
     hvd.allreduce(tf.constant([rank]))
 except ValueError as error:
@@ -58,16 +61,26 @@ rows = slice(6 * rank, 6 * (rank + 1))
 
 
 def train(mode):
-    """Three SGD steps from different weights per rank, broadcast from 0."""
+    """Three SGD steps from different weights per rank, broadcast from 0:
+    by DistributedGradientTape, or (mode "keras_apply") a plain tape and
+    the DistributedOptimizer's `apply` (Keras 3; `apply_gradients` before)."""
     weights = tf.Variable(tf.fill((3, 1), float(rank)))
     bias = tf.Variable([0.0])
     hvd.broadcast_variables([weights, bias], root_rank=0)
     found.setdefault("broadcast_variables", weights.numpy().ravel().tolist())
+    optimizer = hvd_keras.DistributedOptimizer(tf.keras.optimizers.SGD(0.1))
 
     def step():
         with tf.GradientTape() as tape:
             error = features[rows] @ weights + bias - labels[rows]
             loss = tf.reduce_mean(error * error)
+        if mode == "keras_apply":
+            gradients = tape.gradient(loss, [weights, bias])
+            if hasattr(optimizer, "stateless_apply"):
+                optimizer.apply(gradients, [weights, bias])
+            else:
+                optimizer.apply_gradients(zip(gradients, [weights, bias]))
+            return
         tape = hvd.DistributedGradientTape(tape)
         gradients = tape.gradient(loss, [weights, bias])
         weights.assign_sub(0.1 * gradients[0])
@@ -79,8 +92,19 @@ def train(mode):
     found[f"trained_{mode}"] = [weights.numpy().ravel().tolist(), bias.numpy().tolist()]
 
 
-for mode in ("eager", "tf_function"):
+for mode in ("eager", "tf_function", "keras_apply"):
     train(mode)
+
+
+@tf.function(jit_compile=True)
+def compiled(x):
+    return hvd.allreduce(x)
+
+
+try:
+    compiled(base)
+except ValueError as error:
+    found["xla"] = str(error)
 
 
 @tf.function

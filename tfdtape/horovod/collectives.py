@@ -9,6 +9,7 @@ program order; in a job of one process each is the identity.
 
 import tensorflow as tf
 from tensorflow.python.ops import collective_ops
+from tensorflow.python.ops import control_flow_util
 
 from tfdtape import errors
 from tfdtape.horovod import basics
@@ -42,10 +43,28 @@ def sendable(tensor, symbol):
     return tensor, lambda result: result
 
 
+def _refuse_xla():
+    """Raises where the collective would be compiled by XLA (a tf.function
+    with jit_compile=True, which Keras 3's `fit` picks by default on a host
+    with a GPU): XLA would compile it as an all-reduce of its own replicas,
+    not of this job's processes.
+
+    Raises:
+        ValueError: in an XLA context.
+    """
+    if control_flow_util.GraphOrParentsInXlaContext(tf.compat.v1.get_default_graph()):
+        raise ValueError(errors.message(
+            "a collective across processes in a function XLA compiles", "tfdtape.horovod",
+            "a step traced without XLA", "jit_compile=True",
+            "compile without XLA: model.compile(..., jit_compile=False), or "
+            "tf.function(jit_compile=False)"))
+
+
 def _launched(collective, tensor, **options):
     job = basics.job()
     if job.size == 1:
         return tf.identity(tensor)
+    _refuse_xla()
     launcher = job.launcher
     with tf.device(job.device):
         return collective(tensor, job.size, launcher._group_key,
@@ -72,6 +91,7 @@ def broadcast(tensor, root_rank):
     job = basics.job()
     if job.size == 1:
         return tf.identity(tensor)
+    _refuse_xla()
     launcher = job.launcher
     with tf.device(job.device):
         if job.rank == root_rank:

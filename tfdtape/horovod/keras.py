@@ -8,6 +8,8 @@ The callbacks are made for the Keras `tf.keras` is (Keras 3, or tf_keras
 with TF_USE_LEGACY_KERAS=1), whichever the program uses.
 """
 
+import sys
+
 import tensorflow as tf
 
 from tfdtape import errors
@@ -24,10 +26,15 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
                          op=ops.Average, backward_passes_per_step=1,
                          average_aggregated_gradients=False, num_groups=0, groups=None,
                          process_set=None, scale_local_gradients=True):
-    """`optimizer` (a Keras 3 or tf_keras optimizer) whose `apply_gradients`
-    all-reduces the gradients across the processes by `op` (Horovod's
-    default: the average) before applying them: in `model.fit` and in a
-    custom loop alike.
+    """`optimizer` (a Keras 3 or tf_keras optimizer, a LossScaleOptimizer
+    too) that all-reduces the gradients across the processes by `op`
+    (Horovod's default: the average) before applying them: in `model.fit`
+    and in a custom loop alike (Keras 3: `apply` and `apply_gradients`;
+    tf_keras: `apply_gradients` and `minimize`).
+
+    Under a LossScaleOptimizer (mixed_float16: `compile` wraps the
+    optimizer in one) the gradients are all-reduced before the loss scale
+    checks them, so every process takes or skips the step alike.
 
     With `backward_passes_per_step` N > 1, as Horovod: each call adds this
     process's gradients to local accumulators, and every Nth all-reduces
@@ -54,29 +61,173 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
             "DistributedOptimizer was given something other than an optimizer", symbol,
             "a Keras optimizer", type(optimizer).__name__,
             "pass a keras.optimizers optimizer (or a tf_keras one)"))
-    wrapped = wrapping.rewrapped(optimizer, {"apply_gradients": _apply_gradients})
     op, prescale, postscale = ops.predivided(op, gradient_predivide_factor)
-    wrapped._tfdtape_horovod = {
+    settings = {
         "op": op, "prescale": prescale, "postscale": postscale,
         "compression": compression, "sparse_as_dense": sparse_as_dense,
-        "passes": backward_passes_per_step, "average_passes": average_aggregated_gradients,
-        "accumulators": None}
+        "passes": backward_passes_per_step, "average_passes": average_aggregated_gradients}
+    return _distributed(optimizer, settings)
+
+
+def _is_keras3(optimizer):
+    """True for a Keras 3 optimizer (its `apply_gradients` calls `apply`)."""
+    return hasattr(optimizer, "stateless_apply")
+
+
+def _is_keras3_loss_scale(optimizer):
+    return _is_keras3(optimizer) and hasattr(optimizer, "inner_optimizer") and hasattr(
+        optimizer, "scale_loss") and hasattr(optimizer, "check_finite")
+
+
+def _distributed(optimizer, settings):
+    """A copy of `optimizer` whose methods all-reduce as `settings` says."""
+    if _is_keras3(optimizer):
+        methods = {"apply": _apply}
+        if not _is_keras3_loss_scale(optimizer):
+            methods["loss_scale_factor"] = property(_loss_scale_factor,
+                                                    _set_loss_scale_factor)
+    else:
+        aggregation = ("aggregate_gradients" if hasattr(optimizer, "aggregate_gradients")
+                       else "_aggregate_gradients")
+        methods = {"apply_gradients": _apply_gradients, aggregation: _aggregate(aggregation)}
+    wrapped = wrapping.rewrapped(optimizer, methods)
+    _settle(wrapped, settings)
     return wrapped
 
 
+def _settle(optimizer, settings):
+    """Gives `optimizer` its all-reduce `settings` and its state, kept out
+    of Keras's and TensorFlow's tracking (not saved with the optimizer)."""
+    object.__setattr__(optimizer, "_tfdtape_horovod", dict(
+        {key: settings[key] for key in _OPTIONS}, accumulators=None,
+        reduced_outside=False, aggregated=None, applying=False))
+
+
+_OPTIONS = ("op", "prescale", "postscale", "compression", "sparse_as_dense", "passes",
+            "average_passes")
+"""The settings that say how a DistributedOptimizer all-reduces."""
+
+
+def _loss_scale_factor(self):
+    """The factor, as Keras keeps it. Keras 3's LossScaleOptimizer reads
+    (and sets) its inner optimizer's factor as it wraps it, as `compile`
+    does under mixed_float16: that LossScaleOptimizer then becomes the one
+    that all-reduces, before its finiteness check, and this one applies
+    what it is given."""
+    _adopt_wrapping_loss_scale_optimizer(self)
+    return self.__dict__.get("loss_scale_factor")
+
+
+def _set_loss_scale_factor(self, value):
+    _adopt_wrapping_loss_scale_optimizer(self)
+    self.__dict__["loss_scale_factor"] = value
+
+
+def _adopt_wrapping_loss_scale_optimizer(optimizer):
+    settings = optimizer.__dict__.get("_tfdtape_horovod")
+    if settings is None or settings["reduced_outside"]:
+        return
+    outer = _wrapping_loss_scale_optimizer(optimizer)
+    if outer is None:
+        return
+    wrapping.convert(outer, {"apply": _apply})
+    _settle(outer, settings)
+    settings["reduced_outside"] = True
+
+
+def _wrapping_loss_scale_optimizer(optimizer):
+    """The Keras 3 LossScaleOptimizer whose constructor is setting an
+    attribute of `optimizer`, its inner optimizer; None otherwise."""
+    frame = sys._getframe(2)
+    for _ in range(8):
+        if frame is None:
+            return None
+        caller = frame.f_locals.get("self")
+        if (caller is not optimizer and _is_keras3_loss_scale(caller)
+                and getattr(caller, "inner_optimizer", None) is optimizer):
+            return caller
+        frame = frame.f_back
+    return None
+
+
+def _apply(self, grads, trainable_variables=None):
+    """Keras 3: all-reduces the gradients (accumulating passes first), then
+    applies them as the optimizer does; applies as given where a
+    LossScaleOptimizer around this one all-reduced them."""
+    base = type(self).__mro__[1]
+    settings = self._tfdtape_horovod
+    if settings["reduced_outside"]:
+        return base.apply(self, grads, trainable_variables)
+    variables = list(trainable_variables if trainable_variables is not None
+                     else self._trainable_variables)
+
+    def apply_reduced(pairs):
+        return base.apply(self, [gradient for gradient, _ in pairs], trainable_variables)
+
+    return _reduce_or_accumulate(self, list(zip(grads, variables)), apply_reduced)
+
+
 def _apply_gradients(self, grads_and_vars, *args, **kwargs):
-    """All-reduces the gradients, then applies them as the optimizer does;
-    with several backward passes per step, accumulates them first."""
+    """tf_keras: all-reduces the gradients (accumulating passes first), then
+    applies them as the optimizer does; where this optimizer's own
+    aggregation all-reduced them (a LossScaleOptimizer calls it before its
+    finiteness check), applies them as given."""
+    base = type(self).__mro__[1]
     settings = self._tfdtape_horovod
     pairs = list(grads_and_vars)
-    if settings["passes"] == 1:
-        return _reduce_and_apply(self, pairs, args, kwargs)
-    return _accumulate(self, pairs, args, kwargs)
+
+    def apply_reduced(reduced):
+        settings["applying"] = True
+        try:
+            return base.apply_gradients(self, reduced, *args, **kwargs)
+        finally:
+            settings["applying"] = False
+
+    aggregated, settings["aggregated"] = settings["aggregated"], None
+    if aggregated is not None and len(aggregated) == len(pairs) and all(
+            gradient is done for (gradient, _), done in zip(pairs, aggregated)):
+        return apply_reduced(pairs)
+    return _reduce_or_accumulate(self, pairs, apply_reduced)
 
 
-def _accumulate(self, pairs, args, kwargs):
+def _aggregate(name):
+    """tf_keras's aggregation hook `name`, which a LossScaleOptimizer calls
+    on its inner optimizer before checking the gradients: all-reduces them
+    there (outside `apply_gradients`), so every process checks the same."""
+
+    def aggregate(self, grads_and_vars):
+        base = getattr(type(self).__mro__[1], name)
+        settings = self._tfdtape_horovod
+        if settings["applying"]:
+            return base(self, grads_and_vars)
+        if settings["passes"] > 1:
+            raise ValueError(errors.message(
+                "a LossScaleOptimizer checks gradients this DistributedOptimizer "
+                "accumulates", "tfdtape.horovod.keras.DistributedOptimizer",
+                "backward_passes_per_step=1 under a tf_keras LossScaleOptimizer",
+                f"backward_passes_per_step={settings['passes']}",
+                "wrap the LossScaleOptimizer instead: DistributedOptimizer("
+                "LossScaleOptimizer(optimizer), backward_passes_per_step=N), and compile "
+                "with that"))
+        pairs = list(grads_and_vars)
+        reduced = _reduced_pairs(self, pairs)
+        result = list(base(self, reduced))
+        settings["aggregated"] = [gradient for gradient, _ in result]
+        return result
+
+    aggregate.__name__ = name
+    return aggregate
+
+
+def _reduce_or_accumulate(self, pairs, apply_reduced):
+    if self._tfdtape_horovod["passes"] == 1:
+        return apply_reduced(_reduced_pairs(self, pairs))
+    return _accumulate(self, pairs, apply_reduced)
+
+
+def _accumulate(self, pairs, apply_reduced):
     """Adds this pass's gradients to the accumulators; on every Nth pass
-    all-reduces and applies their sum and resets them."""
+    all-reduces and applies their sum (by `apply_reduced`) and resets them."""
     settings = self._tfdtape_horovod
     variables = [variable for _, variable in pairs]
     if settings["accumulators"] is None:
@@ -99,7 +250,7 @@ def _accumulate(self, pairs, args, kwargs):
         summed = [(accumulator * tf.cast(scale, accumulator.dtype)
                    if gradient is not None else None, variable)
                   for (gradient, variable), accumulator in zip(pairs, accumulators)]
-        applied = _reduce_and_apply(self, summed, args, kwargs)
+        applied = apply_reduced(_reduced_pairs(self, summed))
         with tf.control_dependencies([applied] if isinstance(applied, tf.Operation)
                                      else []):
             resets = [accumulator.assign(tf.zeros_like(accumulator))
@@ -116,9 +267,9 @@ def _accumulate(self, pairs, args, kwargs):
     return tf.cond(tf.equal(done % passes, 0), apply, skip)
 
 
-def _reduce_and_apply(self, pairs, args, kwargs):
-    """All-reduces the gradients of `pairs`, then applies them as the
-    optimizer does."""
+def _reduced_pairs(self, pairs):
+    """`pairs` with their gradients all-reduced as the optimizer's settings
+    say (None stays None, and is part of the check)."""
     settings = self._tfdtape_horovod
     gradients = [gradient for gradient, _ in pairs]
     present = [index for index, gradient in enumerate(gradients) if gradient is not None]
@@ -134,8 +285,7 @@ def _reduce_and_apply(self, pairs, args, kwargs):
             absent=absent)
     for index, value in zip(present, reduced):
         gradients[index] = value
-    return type(self).__mro__[1].apply_gradients(
-        self, list(zip(gradients, [variable for _, variable in pairs])), *args, **kwargs)
+    return list(zip(gradients, [variable for _, variable in pairs]))
 
 
 def _callback_base():

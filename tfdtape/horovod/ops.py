@@ -92,6 +92,16 @@ def _check_averageable(tensor, op, symbol):
                 "pass op=hvd.Sum and divide as you need")
 
 
+def _scaled(value, factor):
+    """`value` times `factor`; an integer tensor is scaled as float64 and
+    truncated back to its dtype (a factor of 0.5 halves it, not zeroes it)."""
+    if factor == 1.0:
+        return value
+    if value.dtype.is_integer:
+        return tf.cast(tf.cast(value, tf.float64) * factor, value.dtype)
+    return value * tf.cast(factor, value.dtype)
+
+
 def _reduced(tensor, op, prescale_factor, postscale_factor, compression, symbol):
     """The all-reduce of one dense tensor the processes agreed on,
     differentiable for Sum and Average as Horovod's: the gradient is the
@@ -100,16 +110,14 @@ def _reduced(tensor, op, prescale_factor, postscale_factor, compression, symbol)
 
     @tf.custom_gradient
     def reduced(value):
-        if prescale_factor != 1.0:
-            value = value * tf.cast(prescale_factor, value.dtype)
+        value = _scaled(value, prescale_factor)
         compressed, context = compression.compress(value)
         sendable, restore = collectives.sendable(compressed, symbol)
         result = compression.decompress(
             restore(collectives.all_reduce(sendable, op)), context)
         if op == Average:
             result = result / tf.cast(basics.size(), result.dtype)
-        if postscale_factor != 1.0:
-            result = result * tf.cast(postscale_factor, result.dtype)
+        result = _scaled(result, postscale_factor)
 
         def gradient(upstream):
             if op not in (Sum, Average):
@@ -133,8 +141,7 @@ def _reduced_slices(slices, op, prescale_factor, postscale_factor):
                 "densify them (tf.convert_to_tensor) or use sparse_as_dense=True")
     values, counts = _gathered(slices.values, symbol)
     indices = _gather_rows(slices.indices, counts, symbol)
-    if prescale_factor * postscale_factor != 1.0:
-        values = values * tf.cast(prescale_factor * postscale_factor, values.dtype)
+    values = _scaled(values, prescale_factor * postscale_factor)
     if op == Average:
         values = values / tf.cast(basics.size(), values.dtype)
     return tf.IndexedSlices(values, indices, dense_shape=slices.dense_shape)
