@@ -186,6 +186,9 @@ def test_every_operation_matches_its_closed_form(processes):
         assert result["int_average"].startswith("tfdtape: an integer tensor was to be averaged")
         # Uneven first dimensions: rank r gives r + 1 rows of r.
         assert result["gathered"] == [[float(r)] * 2 for r in range(n) for _ in range(r + 1)]
+        assert result["grouped_gathered"] == [[r for r in range(n) for _ in range(r + 1)],
+                                              [[float(r)] for r in range(n)]]
+        assert result["as_tensors"] == [rank, n, rank, n]  # one host
         assert result["gathered_bool"] == [r % 2 == 0 for r in range(n)]
         assert result["broadcast"] == [(n - 1) * 10.0, 1.0]  # from the last rank
         assert result["object"] == {"from": 1, "text": "x"}
@@ -239,6 +242,29 @@ def test_a_rank_that_fails_ends_the_job_instead_of_a_hang(tmp_path):
     assert "unreachable" not in completed.stdout
     assert completed.stderr.splitlines()[-1] == (
         "tfdtape launch: rank 1 exited with status 5; the other processes were stopped")
+
+
+def test_the_smaller_calls_of_horovod_s_api_alone(alone):
+    """The rank and sizes as int32 tensors, the in-place broadcast, the
+    grouped allgather; the TensorFlow 1 global variables broadcast in a
+    graph, and refused eagerly as Horovod refuses it."""
+    for op, value in ((hvd.rank_op, 0), (hvd.size_op, 1), (hvd.local_rank_op, 0),
+                      (hvd.local_size_op, 1)):
+        tensor = op()
+        assert tensor.dtype == tf.int32 and int(tensor) == value
+    variables = [tf.Variable([1.0, 2.0])]
+    assert hvd.broadcast_(variables, 0) == variables
+    assert variables[0].numpy().tolist() == [1.0, 2.0]
+    gathered = hvd.grouped_allgather([tf.constant([1, 2]), tf.constant([[3.0]])])
+    assert [t.numpy().tolist() for t in gathered] == [[1, 2], [[3.0]]]
+    with pytest.raises(RuntimeError, match=r"broadcast_global_variables was called eagerly "
+                                           r".*call hvd.broadcast_variables\("):
+        hvd.broadcast_global_variables(0)
+    with tf.Graph().as_default():
+        tf.compat.v1.Variable(1.0)
+        assert isinstance(hvd.broadcast_global_variables(0), tf.Operation)
+    with pytest.raises(NotImplementedError, match="hvd.reducescatter is not in tfdtape"):
+        hvd.grouped_reducescatter([tf.constant(1.0)])
 
 
 def test_the_keras_optimizer_refuses_what_it_does_not_do(alone):

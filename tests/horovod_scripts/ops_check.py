@@ -29,6 +29,10 @@ try:
 except ValueError as error:
     found["int_average"] = str(error)
 found["gathered"] = hvd.allgather(tf.fill((rank + 1, 2), float(rank))).numpy().tolist()
+found["grouped_gathered"] = [t.numpy().tolist() for t in hvd.grouped_allgather(
+    [tf.fill((rank + 1,), rank), tf.constant([[float(rank)]])])]
+found["as_tensors"] = [int(op()) for op in (hvd.rank_op, hvd.size_op, hvd.local_rank_op,
+                                            hvd.local_size_op)]
 found["gathered_bool"] = hvd.allgather(tf.constant([rank % 2 == 0])).numpy().tolist()
 found["broadcast"] = hvd.broadcast(tf.constant([rank * 10.0, 1.0]), size - 1).numpy().tolist()
 found["object"] = hvd.broadcast_object({"from": rank, "text": "x" * rank}, root_rank=1)

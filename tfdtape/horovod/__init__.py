@@ -22,15 +22,19 @@ from tfdtape.horovod.basics import init
 from tfdtape.horovod.basics import is_homogeneous
 from tfdtape.horovod.basics import is_initialized
 from tfdtape.horovod.basics import local_rank
+from tfdtape.horovod.basics import local_rank_op
 from tfdtape.horovod.basics import local_size
+from tfdtape.horovod.basics import local_size_op
 from tfdtape.horovod.basics import mpi_built
 from tfdtape.horovod.basics import mpi_enabled
 from tfdtape.horovod.basics import mpi_threads_supported
 from tfdtape.horovod.basics import nccl_built
 from tfdtape.horovod.basics import rank
+from tfdtape.horovod.basics import rank_op
 from tfdtape.horovod.basics import rocm_built
 from tfdtape.horovod.basics import shutdown
 from tfdtape.horovod.basics import size
+from tfdtape.horovod.basics import size_op
 from tfdtape.horovod.collectives import Adasum
 from tfdtape.horovod.collectives import Average
 from tfdtape.horovod.collectives import Max
@@ -43,9 +47,12 @@ from tfdtape.horovod.ops import allgather
 from tfdtape.horovod.ops import allgather_object
 from tfdtape.horovod.ops import allreduce
 from tfdtape.horovod.ops import broadcast
+from tfdtape.horovod.ops import broadcast_
+from tfdtape.horovod.ops import broadcast_global_variables
 from tfdtape.horovod.ops import broadcast_object
 from tfdtape.horovod.ops import broadcast_variables
 from tfdtape.horovod.ops import global_process_set
+from tfdtape.horovod.ops import grouped_allgather
 from tfdtape.horovod.ops import grouped_allreduce
 from tfdtape.horovod.tape import DistributedGradientTape
 from tfdtape.horovod.tape import PartialDistributedGradientTape
@@ -53,6 +60,7 @@ from tfdtape.horovod.unsupported import refusing as _refusing
 
 alltoall = _refusing("alltoall")
 reducescatter = _refusing("reducescatter")
+grouped_reducescatter = _refusing("reducescatter")
 join = _refusing("join")
 start_timeline = _refusing("timeline")
 stop_timeline = _refusing("timeline")
@@ -80,6 +88,8 @@ __all__ = [
     "alltoall",
     "Average",
     "broadcast",
+    "broadcast_",
+    "broadcast_global_variables",
     "broadcast_object",
     "broadcast_variables",
     "ccl_built",
@@ -93,13 +103,17 @@ __all__ = [
     "global_process_set",
     "gloo_built",
     "gloo_enabled",
+    "grouped_allgather",
     "grouped_allreduce",
+    "grouped_reducescatter",
     "init",
     "is_homogeneous",
     "is_initialized",
     "join",
     "local_rank",
+    "local_rank_op",
     "local_size",
+    "local_size_op",
     "Max",
     "Min",
     "mpi_built",
@@ -110,11 +124,13 @@ __all__ = [
     "ProcessSet",
     "Product",
     "rank",
+    "rank_op",
     "reducescatter",
     "remove_process_set",
     "rocm_built",
     "shutdown",
     "size",
+    "size_op",
     "start_timeline",
     "stop_timeline",
     "Sum",

@@ -194,6 +194,30 @@ def cross_rank():
     return job().cross_rank
 
 
+def _as_tensor(value, name):
+    return tf.constant(value, tf.int32, name=name)
+
+
+def size_op(process_set_id=0, name=None):
+    """`size()` as an int32 tensor, as Horovod's graph op gives it."""
+    return _as_tensor(size(), name)
+
+
+def rank_op(name=None):
+    """`rank()` as an int32 tensor."""
+    return _as_tensor(rank(), name)
+
+
+def local_size_op(name=None):
+    """`local_size()` as an int32 tensor."""
+    return _as_tensor(local_size(), name)
+
+
+def local_rank_op(name=None):
+    """`local_rank()` as an int32 tensor."""
+    return _as_tensor(local_rank(), name)
+
+
 def is_homogeneous():
     """Whether every host runs as many processes (Horovod's question)."""
     state = job()

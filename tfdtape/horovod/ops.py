@@ -366,6 +366,37 @@ def broadcast_variables(variables, root_rank, process_set=None, inplace=False):
     return tf.group(*assignments)
 
 
+def broadcast_(variables, root_rank, name=None, process_set=None):
+    """Horovod's in-place broadcast: `broadcast_variables`, returning
+    `variables` (holding `root_rank`'s values)."""
+    variables = list(variables)
+    broadcast_variables(variables, root_rank, process_set=process_set)
+    return variables
+
+
+def broadcast_global_variables(root_rank):
+    """TensorFlow 1's global variables broadcast from `root_rank`, in a
+    graph (tf.compat.v1); as Horovod, refused eagerly, where there are no
+    global variables.
+
+    Raises:
+        RuntimeError: called eagerly.
+    """
+    if tf.executing_eagerly():
+        _refuse("broadcast_global_variables was called eagerly",
+                "tfdtape.horovod.broadcast_global_variables",
+                "a TensorFlow 1 graph (tf.compat.v1), which has global variables",
+                "eager execution",
+                "call hvd.broadcast_variables(model.variables + optimizer.variables, "
+                "root_rank) instead", kind=RuntimeError)
+    return broadcast_variables(tf.compat.v1.global_variables(), root_rank)
+
+
+def grouped_allgather(tensors, name=None, ignore_name_scope=False, process_set=None):
+    """`allgather` of each of `tensors`, in order."""
+    return [allgather(tensor, process_set=process_set) for tensor in tensors]
+
+
 def broadcast_object(obj, root_rank=0, session=None, name=None, process_set=None):
     """`root_rank`'s `obj` (anything `pickle` takes) on every process;
     eagerly."""
