@@ -23,7 +23,7 @@ setuptools.setup(
                  "as a patch of installed TensorFlow."),
     long_description=(_HERE / "README.md").read_text(encoding="utf-8"),
     long_description_content_type="text/markdown",
-    packages=["tfdtape", "tfdtape.cli", "tfdtape.horovod"],
+    packages=["tfdtape", "tfdtape.cli", "tfdtape.horovod", "tfdtape.horovod.keras"],
     # Declared, though it is the default, so that an editable install is a
     # plain path entry, as before PEP 660, rather than an import finder on
     # sys.meta_path ahead of the one `tfdtape run` puts there.

@@ -267,6 +267,60 @@ def test_the_smaller_calls_of_horovod_s_api_alone(alone):
         hvd.grouped_reducescatter([tf.constant(1.0)])
 
 
+def test_the_keras_module_takes_horovod_s_keras_signatures_alone(alone):
+    """horovod.tensorflow.keras's collectives take a value and a name
+    second; its callbacks are a module too."""
+    import tfdtape.horovod.keras as hvd_keras
+    import tfdtape.horovod.keras.callbacks as callbacks_module
+    assert hvd_keras.allreduce(np.array([1.0, 2.0]), "metric").numpy().tolist() == [1.0, 2.0]
+    assert hvd_keras.allreduce([3], "count", op=hvd.Sum).numpy().tolist() == [3]
+    assert hvd_keras.allgather(np.ones((2, 1), np.float32), "rows").shape == (2, 1)
+    assert float(hvd_keras.broadcast(5.0, 0, "value")) == 5.0
+    assert hvd_keras.callbacks is callbacks_module
+    assert callbacks_module.MetricAverageCallback is hvd_keras.callbacks.MetricAverageCallback
+
+
+def test_load_model_gives_the_saved_optimizer_distributed_alone(alone, tmp_path):
+    """load_model restores the optimizer's state and wraps it: training on
+    goes as with Keras's own load_model (a job of one)."""
+    import tfdtape.horovod.keras as hvd_keras
+    features = np.linspace(-1.0, 1.0, 12, dtype=np.float32).reshape(4, 3)
+    labels = np.ones((4, 1), np.float32)
+    model = tf.keras.Sequential([tf.keras.Input((3,)), tf.keras.layers.Dense(1)])
+    model.compile(tf.keras.optimizers.SGD(0.1, momentum=0.9), loss="mse")
+    model.fit(features, labels, batch_size=4, epochs=1, verbose=0)
+    path = str(tmp_path / "model.keras")
+    model.save(path)
+    loaded = hvd_keras.load_model(path)
+    plain = tf.keras.models.load_model(path)
+    assert type(loaded.optimizer).__name__ == "SGD"
+    assert "_tfdtape_horovod" in vars(loaded.optimizer)
+    assert int(loaded.optimizer.iterations) == 1
+    for each in (loaded, plain):
+        each.fit(features, labels, batch_size=4, epochs=2, verbose=0)
+    for found, expected in zip(loaded.get_weights(), plain.get_weights()):
+        np.testing.assert_allclose(found, expected, rtol=1e-6)
+    assert int(loaded.optimizer.iterations) == 3
+
+
+def test_the_broadcast_callback_keeps_the_local_variables(alone, monkeypatch):
+    """BroadcastGlobalVariablesCallback(local_variables=...) broadcasts the
+    model's and optimizer's variables but those."""
+    import tfdtape.horovod.keras.callbacks as callbacks_module
+    broadcast = []
+    monkeypatch.setattr(callbacks_module.ops, "broadcast_variables",
+                        lambda variables, root_rank: broadcast.append(
+                            ([id(v) for v in variables], root_rank)))
+    model = tf.keras.Sequential([tf.keras.Input((3,)), tf.keras.layers.Dense(1)])
+    model.compile(tf.keras.optimizers.SGD(0.1), loss="mse")
+    kernel, bias = model.layers[0].kernel, model.layers[0].bias
+    callback = callbacks_module.BroadcastGlobalVariablesCallback(1, local_variables=[bias])
+    callback.set_model(model)
+    callback.on_train_begin()
+    (sent, root_rank), = broadcast
+    assert root_rank == 1 and id(kernel) in sent and id(bias) not in sent
+
+
 def test_the_keras_optimizer_refuses_what_it_does_not_do(alone):
     import tfdtape.horovod.keras as hvd_keras
     for passes in (0, 1.5):
@@ -338,7 +392,7 @@ def test_the_warmup_reaches_the_initial_rate_on_its_last_batch(alone, monkeypatc
     """Horovod's warmup on a job of 2 (its size stood in): 2 epochs of 2
     batches from 0.1 / 2 up, each batch counted as ended, then 0.1 kept."""
     import tfdtape.horovod.keras as hvd_keras
-    monkeypatch.setattr(hvd_keras.basics, "size", lambda: 2)
+    monkeypatch.setattr(hvd.basics, "size", lambda: 2)
     model = tf.keras.Sequential([tf.keras.Input((1,)), tf.keras.layers.Dense(1)])
     model.compile(tf.keras.optimizers.SGD(0.1), loss="mse")
     warmup = hvd_keras.callbacks.LearningRateWarmupCallback(

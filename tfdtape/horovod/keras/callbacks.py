@@ -1,0 +1,150 @@
+"""Horovod's Keras callbacks (`horovod.tensorflow.keras.callbacks`):
+`BroadcastGlobalVariablesCallback`, `MetricAverageCallback`,
+`LearningRateWarmupCallback` and `LearningRateScheduleCallback`, made for
+the Keras `tf.keras` is (Keras 3, or tf_keras with TF_USE_LEGACY_KERAS=1)."""
+
+import tensorflow as tf
+
+from tfdtape import errors
+from tfdtape.horovod import basics
+from tfdtape.horovod import ops
+
+
+def _callback_base():
+    return tf.keras.callbacks.Callback
+
+
+def _learning_rate(optimizer):
+    return float(tf.keras.backend.get_value(optimizer.learning_rate))
+
+
+def _set_learning_rate(optimizer, value):
+    learning_rate = optimizer.learning_rate
+    if hasattr(learning_rate, "assign"):
+        learning_rate.assign(value)
+    else:
+        optimizer.learning_rate = value
+
+
+class BroadcastGlobalVariablesCallback(_callback_base()):
+    """Broadcasts the model's and optimizer's variables from `root_rank` at
+    the start of training and once more after the first batch (when the
+    optimizer's own variables exist), so every process starts from
+    `root_rank`'s weights; but for `local_variables`, which each process
+    keeps."""
+
+    def __init__(self, root_rank, device="", local_variables=None):
+        super().__init__()
+        self.root_rank = root_rank
+        self.local_variables = list(local_variables or ())
+        self.broadcast_done = False
+
+    def _broadcast(self):
+        variables = list(self.model.variables)
+        optimizer = getattr(self.model, "optimizer", None)
+        if optimizer is not None:
+            variables += list(optimizer.variables() if callable(optimizer.variables)
+                              else optimizer.variables)
+        kept = {id(variable) for variable in self.local_variables}
+        ops.broadcast_variables([variable for variable in variables
+                                 if id(variable) not in kept], self.root_rank)
+
+    def on_train_begin(self, logs=None):
+        self._broadcast()
+
+    def on_batch_end(self, batch, logs=None):
+        if not self.broadcast_done:
+            self._broadcast()
+            self.broadcast_done = True
+
+
+class MetricAverageCallback(_callback_base()):
+    """Averages the epoch's logs (every number) over the processes at each
+    epoch's end, in the same order on every process."""
+
+    def __init__(self, device=""):
+        super().__init__()
+
+    def on_epoch_end(self, epoch, logs=None):
+        if not logs:
+            return
+        for name in sorted(logs):
+            value = logs[name]
+            if isinstance(value, (int, float)) or (hasattr(value, "dtype") and
+                                                   getattr(value, "shape", None) == ()):
+                averaged = ops.allreduce(tf.constant(float(value), tf.float64),
+                                         op=ops.Average)
+                logs[name] = float(averaged)
+
+
+class LearningRateScheduleCallback(_callback_base()):
+    """Horovod's schedule: from `start_epoch` to `end_epoch` the learning
+    rate is `initial_lr` times `multiplier` (a number, or a function of the
+    epoch; with `staircase=False` of the fractional epoch, batch by batch,
+    which needs `steps_per_epoch` or Keras's own count)."""
+
+    def __init__(self, initial_lr, multiplier, start_epoch=0, end_epoch=None,
+                 staircase=True, momentum_correction=True, steps_per_epoch=None):
+        super().__init__()
+        self.initial_lr = initial_lr
+        self.multiplier = multiplier if callable(multiplier) else (lambda _: multiplier)
+        self.start_epoch = start_epoch
+        self.end_epoch = end_epoch
+        self.staircase = staircase
+        self.steps_per_epoch = steps_per_epoch
+        self.current_epoch = 0
+
+    def _in_range(self, epoch):
+        return epoch >= self.start_epoch and (self.end_epoch is None or
+                                              epoch < self.end_epoch)
+
+    def _steps(self):
+        return self.steps_per_epoch or self.params.get("steps")
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self.current_epoch = epoch
+        if self._in_range(epoch) and self.staircase:
+            _set_learning_rate(self.model.optimizer,
+                               self.initial_lr * self.multiplier(epoch))
+
+    def on_batch_begin(self, batch, logs=None):
+        if self.staircase or not self._in_range(self.current_epoch):
+            return
+        steps = self._steps()
+        if not steps:
+            raise ValueError(errors.message(
+                "a batch-by-batch schedule does not know the steps per epoch",
+                "tfdtape.horovod.keras.LearningRateScheduleCallback",
+                "steps_per_epoch, or a dataset whose length Keras knows", "neither",
+                "pass steps_per_epoch"))
+        epoch = self.current_epoch + batch / steps
+        _set_learning_rate(self.model.optimizer, self.initial_lr * self.multiplier(epoch))
+
+    def on_epoch_end(self, epoch, logs=None):
+        if logs is not None:
+            logs["lr"] = _learning_rate(self.model.optimizer)
+
+
+class LearningRateWarmupCallback(LearningRateScheduleCallback):
+    """Horovod's warmup (Goyal et al.): over `warmup_epochs` the learning
+    rate grows batch by batch from `initial_lr` / size to `initial_lr`,
+    which the last batch of the warmup reaches (Horovod counts each batch
+    as ended: epoch + (batch + 1) / steps per epoch)."""
+
+    def __init__(self, initial_lr, warmup_epochs=5, momentum_correction=True,
+                 steps_per_epoch=None, verbose=0):
+        def multiplier(epoch):
+            size = basics.size()
+            ended = epoch + 1.0 / self._steps()
+            return 1.0 / size * (ended * (size - 1) / warmup_epochs + 1)
+
+        super().__init__(initial_lr, multiplier, start_epoch=0, end_epoch=warmup_epochs,
+                         staircase=False, momentum_correction=momentum_correction,
+                         steps_per_epoch=steps_per_epoch)
+        self.verbose = verbose
+
+    def on_epoch_end(self, epoch, logs=None):
+        super().on_epoch_end(epoch, logs)
+        if epoch == self.end_epoch - 1 and self.verbose > 0 and basics.rank() == 0:
+            print(f"\nEpoch {epoch + 1}: finished gradual learning rate warmup to "
+                  f"{_learning_rate(self.model.optimizer):g}.")
