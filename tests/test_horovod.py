@@ -321,6 +321,44 @@ def test_the_broadcast_callback_keeps_the_local_variables(alone, monkeypatch):
     assert root_rank == 1 and id(kernel) in sent and id(bias) not in sent
 
 
+@pytest.mark.skipif(not is_keras3(tf.keras), reason="Keras 3's LossScaleOptimizer")
+@pytest.mark.parametrize("explicit", [False, True])
+def test_each_step_under_a_loss_scale_all_reduces_once_alone(alone, monkeypatch, explicit):
+    """mixed_float16, a job of one, compiled twice: every LossScaleOptimizer
+    `compile` puts around the DistributedOptimizer (or the one the program
+    wraps in it) all-reduces each step's gradients once, before its check;
+    the optimizer inside does not all-reduce them again; and used alone
+    afterwards, it all-reduces."""
+    import tfdtape.horovod.keras as hvd_keras
+    from tfdtape.horovod.keras import optimizer as optimizer_module
+    reductions = []
+    real = optimizer_module.ops.reduce_group
+    monkeypatch.setattr(optimizer_module.ops, "reduce_group",
+                        lambda tensors, *args, **kwargs: reductions.append(len(tensors))
+                        or real(tensors, *args, **kwargs))
+    features, labels = np.ones((4, 3), np.float32), np.ones((4, 1), np.float32)
+    tf.keras.mixed_precision.set_global_policy("mixed_float16")
+    try:
+        model = tf.keras.Sequential([tf.keras.Input((3,)), tf.keras.layers.Dense(1)])
+        inner = tf.keras.optimizers.SGD(0.1)
+        distributed = hvd_keras.DistributedOptimizer(
+            tf.keras.optimizers.LossScaleOptimizer(inner) if explicit else inner)
+        for _ in range(2):
+            model.compile(distributed, loss="mse", run_eagerly=True)
+            assert type(model.optimizer).__name__ == "LossScaleOptimizer"
+            assert "_tfdtape_horovod" in vars(model.optimizer)
+            reductions.clear()
+            model.fit(features, labels, batch_size=2, epochs=1, verbose=0)
+            assert reductions == [2, 2]  # kernel and bias, once per step
+    finally:
+        tf.keras.mixed_precision.set_global_policy("float32")
+    if not explicit:
+        reductions.clear()
+        variables = model.trainable_variables
+        distributed.apply([tf.ones(v.shape) for v in variables], variables)
+        assert reductions == [2]
+
+
 def test_the_keras_optimizer_refuses_what_it_does_not_do(alone):
     import tfdtape.horovod.keras as hvd_keras
     for passes in (0, 1.5):

@@ -3,6 +3,7 @@
 apply all-reduces the gradients across the processes first."""
 
 import sys
+import threading
 
 import tensorflow as tf
 
@@ -92,7 +93,7 @@ def _settle(optimizer, settings):
     of Keras's and TensorFlow's tracking (not saved with the optimizer)."""
     object.__setattr__(optimizer, "_tfdtape_horovod", dict(
         {key: settings[key] for key in _OPTIONS}, accumulators=None,
-        reduced_outside=False, aggregated=None, applying=False))
+        aggregated=None, applying=False))
 
 
 _OPTIONS = ("op", "prescale", "postscale", "compression", "sparse_as_dense", "passes",
@@ -117,14 +118,13 @@ def _set_loss_scale_factor(self, value):
 
 def _adopt_wrapping_loss_scale_optimizer(optimizer):
     settings = optimizer.__dict__.get("_tfdtape_horovod")
-    if settings is None or settings["reduced_outside"]:
+    if settings is None:
         return
     outer = _wrapping_loss_scale_optimizer(optimizer)
-    if outer is None:
+    if outer is None or "_tfdtape_horovod" in vars(outer):
         return
     wrapping.convert(outer, {"apply": _apply})
     _settle(outer, settings)
-    settings["reduced_outside"] = True
 
 
 def _wrapping_loss_scale_optimizer(optimizer):
@@ -142,19 +142,29 @@ def _wrapping_loss_scale_optimizer(optimizer):
     return None
 
 
+_applying = threading.local()
+"""`depth`: how many Keras 3 DistributedOptimizers (a LossScaleOptimizer
+around one, say) are applying gradients they all-reduced, in this thread."""
+
+
 def _apply(self, grads, trainable_variables=None):
     """Keras 3: all-reduces the gradients (accumulating passes first), then
-    applies them as the optimizer does; applies as given where a
-    LossScaleOptimizer around this one all-reduced them."""
+    applies them as the optimizer does; applies as given when called by a
+    DistributedOptimizer around this one (a LossScaleOptimizer that
+    all-reduced them)."""
     base = type(self).__mro__[1]
-    settings = self._tfdtape_horovod
-    if settings["reduced_outside"]:
+    if getattr(_applying, "depth", 0):
         return base.apply(self, grads, trainable_variables)
     variables = list(trainable_variables if trainable_variables is not None
                      else self._trainable_variables)
 
     def apply_reduced(pairs):
-        return base.apply(self, [gradient for gradient, _ in pairs], trainable_variables)
+        _applying.depth = getattr(_applying, "depth", 0) + 1
+        try:
+            return base.apply(self, [gradient for gradient, _ in pairs],
+                              trainable_variables)
+        finally:
+            _applying.depth -= 1
 
     return _reduce_or_accumulate(self, list(zip(grads, variables)), apply_reduced)
 
