@@ -213,6 +213,9 @@ def test_every_operation_matches_its_closed_form(processes):
         assert ("tfdtape: a collective across processes in a function XLA compiles "
                 "(tfdtape.horovod): expected a step traced without XLA, found "
                 "jit_compile=True") in result["xla"]  # AutoGraph adds the user's line
+        assert result["session_graph"].startswith(
+            "tfdtape: a collective across processes in a TensorFlow 1 graph "
+            "(tfdtape.horovod): expected an eager call or a tf.function")
     # Every rank trained to the same bits.
     assert len({json.dumps([r["trained_eager"], r["trained_tf_function"],
                             r["trained_keras_apply"]])
@@ -246,8 +249,9 @@ def test_a_rank_that_fails_ends_the_job_instead_of_a_hang(tmp_path):
 
 def test_the_smaller_calls_of_horovod_s_api_alone(alone):
     """The rank and sizes as int32 tensors, the in-place broadcast, the
-    grouped allgather; the TensorFlow 1 global variables broadcast in a
-    graph, and refused eagerly as Horovod refuses it."""
+    grouped allgather; the TensorFlow 1 global variables broadcast refused
+    eagerly as Horovod refuses it, and in a graph, whose session cannot
+    reach the other processes."""
     for op, value in ((hvd.rank_op, 0), (hvd.size_op, 1), (hvd.local_rank_op, 0),
                       (hvd.local_size_op, 1)):
         tensor = op()
@@ -255,6 +259,7 @@ def test_the_smaller_calls_of_horovod_s_api_alone(alone):
     variables = [tf.Variable([1.0, 2.0])]
     assert hvd.broadcast_(variables, 0) == variables
     assert variables[0].numpy().tolist() == [1.0, 2.0]
+    assert hvd.broadcast_(variables[0], 0) is variables[0]  # one variable
     gathered = hvd.grouped_allgather([tf.constant([1, 2]), tf.constant([[3.0]])])
     assert [t.numpy().tolist() for t in gathered] == [[1, 2], [[3.0]]]
     with pytest.raises(RuntimeError, match=r"broadcast_global_variables was called eagerly "
@@ -262,7 +267,9 @@ def test_the_smaller_calls_of_horovod_s_api_alone(alone):
         hvd.broadcast_global_variables(0)
     with tf.Graph().as_default():
         tf.compat.v1.Variable(1.0)
-        assert isinstance(hvd.broadcast_global_variables(0), tf.Operation)
+        with pytest.raises(NotImplementedError, match=r"called in a graph .*a TensorFlow 1 "
+                                                      r"graph, whose session runs on this"):
+            hvd.broadcast_global_variables(0)
     with pytest.raises(NotImplementedError, match="hvd.reducescatter is not in tfdtape"):
         hvd.grouped_reducescatter([tf.constant(1.0)])
 

@@ -109,6 +109,11 @@ try:
     compiled(base)
 except ValueError as error:
     found["xla"] = str(error)
+with tf.Graph().as_default():  # TensorFlow 1's, for a Session
+    try:
+        hvd.allreduce(tf.constant([1.0]))
+    except NotImplementedError as error:
+        found["session_graph"] = str(error)
 
 
 @tf.function

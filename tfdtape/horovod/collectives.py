@@ -43,6 +43,23 @@ def sendable(tensor, symbol):
     return tensor, lambda result: result
 
 
+def _refuse_session_graph():
+    """Raises where the collective is built in a TensorFlow 1 graph (one a
+    `tf.compat.v1.Session` runs, not a tf.function's): that session runs
+    on this process alone and cannot place the job's collectives.
+
+    Raises:
+        NotImplementedError: in such a graph.
+    """
+    if not tf.executing_eagerly() and not getattr(
+            tf.compat.v1.get_default_graph(), "building_function", False):
+        raise NotImplementedError(errors.message(
+            "a collective across processes in a TensorFlow 1 graph", "tfdtape.horovod",
+            "an eager call or a tf.function", "a graph for tf.compat.v1.Session",
+            "run eagerly or in a tf.function (TensorFlow 2), e.g. "
+            "hvd.broadcast_variables(variables, root_rank) once the variables exist"))
+
+
 def _refuse_xla():
     """Raises where the collective would be compiled by XLA (a tf.function
     with jit_compile=True, which Keras 3's `fit` picks by default on a host
@@ -64,6 +81,7 @@ def _launched(collective, tensor, **options):
     job = basics.job()
     if job.size == 1:
         return tf.identity(tensor)
+    _refuse_session_graph()
     _refuse_xla()
     launcher = job.launcher
     with tf.device(job.device):
@@ -91,6 +109,7 @@ def broadcast(tensor, root_rank):
     job = basics.job()
     if job.size == 1:
         return tf.identity(tensor)
+    _refuse_session_graph()
     _refuse_xla()
     launcher = job.launcher
     with tf.device(job.device):

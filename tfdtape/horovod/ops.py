@@ -367,20 +367,25 @@ def broadcast_variables(variables, root_rank, process_set=None, inplace=False):
 
 
 def broadcast_(variables, root_rank, name=None, process_set=None):
-    """Horovod's in-place broadcast: `broadcast_variables`, returning
-    `variables` (holding `root_rank`'s values)."""
+    """Horovod's in-place broadcast: `broadcast_variables` of `variables` (a
+    list of variables, or one), returning them (holding `root_rank`'s
+    values)."""
+    if isinstance(variables, tf.Variable) or hasattr(variables, "assign"):
+        broadcast_variables([variables], root_rank, process_set=process_set)
+        return variables
     variables = list(variables)
     broadcast_variables(variables, root_rank, process_set=process_set)
     return variables
 
 
 def broadcast_global_variables(root_rank):
-    """TensorFlow 1's global variables broadcast from `root_rank`, in a
-    graph (tf.compat.v1); as Horovod, refused eagerly, where there are no
-    global variables.
+    """TensorFlow 1's global variables broadcast from `root_rank`. Refused:
+    eagerly as Horovod refuses it (there are no global variables), and in a
+    TensorFlow 1 graph, whose session cannot reach the job's processes.
 
     Raises:
         RuntimeError: called eagerly.
+        NotImplementedError: called in a graph.
     """
     if tf.executing_eagerly():
         _refuse("broadcast_global_variables was called eagerly",
@@ -389,7 +394,12 @@ def broadcast_global_variables(root_rank):
                 "eager execution",
                 "call hvd.broadcast_variables(model.variables + optimizer.variables, "
                 "root_rank) instead", kind=RuntimeError)
-    return broadcast_variables(tf.compat.v1.global_variables(), root_rank)
+    _refuse("broadcast_global_variables was called in a graph",
+            "tfdtape.horovod.broadcast_global_variables",
+            "an eager call or a tf.function (TensorFlow 2)",
+            "a TensorFlow 1 graph, whose session runs on this process alone",
+            "call hvd.broadcast_variables(variables, root_rank) eagerly once the "
+            "variables exist", kind=NotImplementedError)
 
 
 def grouped_allgather(tensors, name=None, ignore_name_scope=False, process_set=None):
