@@ -2,15 +2,26 @@
 
 TensorFlow fixes its logical devices when its runtime starts, so the layout is
 chosen here, once; tests that need another layout run in a subprocess.
+
+The version stages' options (tests/release_selection.py): `--per-release`
+runs the tests marked `per_release`, thinned to every value of every
+parameter; `--record-exercise DIR` records which of tfdtape's functions and
+compat accessors the process ran (tests/exercise_recorder.py);
+`--exercised-data DIR` runs tests/test_release_rule.py's proof on such
+records (deselected without it).
 """
 
 import os
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
+import pathlib
+
 import pytest
 import tensorflow as tf
 
+import exercise_recorder
+import release_selection
 import tfdtape
 from tfdtape import testing
 
@@ -24,6 +35,17 @@ def pytest_addoption(parser):
                      "(tests/test_generated_programs.py; default CI's)")
     parser.addoption("--fuzz-seed", type=int, default=None,
                      help="the generated programs' seed (default CI's)")
+    parser.addoption("--per-release", action="store_true",
+                     help="only the tests marked per_release, each parametrized "
+                     "test thinned to every value of every parameter (the "
+                     "version stages of CI)")
+    parser.addoption("--record-exercise", type=pathlib.Path, default=None,
+                     metavar="DIR", help="write which of tfdtape's functions "
+                     "and compat accessors this run ran to DIR")
+    parser.addoption("--exercised-data", type=pathlib.Path, default=None,
+                     metavar="DIR", help="run the proof that the records in "
+                     "DIR (--record-exercise) cover every patch target and "
+                     "compat accessor")
 
 
 def pytest_configure(config):
@@ -33,6 +55,46 @@ def pytest_configure(config):
     config.addinivalue_line(
         "markers", "cluster: worker processes on loopback; README's test "
         "command runs these alone, after the others (which run in parallel)")
+    config.addinivalue_line(
+        "markers", f"{release_selection.MARKER}: the outcome can depend on the "
+        "TensorFlow or Keras release; the version stages run it "
+        "(--per-release)")
+    config.addinivalue_line(
+        "markers", "exercise_proof: reads --exercised-data; deselected without it")
+    if config.getoption("record_exercise") is not None:
+        exercise_recorder.start()
+        os.environ[exercise_recorder.ENVIRONMENT] = str(
+            config.getoption("record_exercise").resolve())
+
+
+def pytest_collection_modifyitems(config, items):
+    deselected = []
+    if config.getoption("exercised_data") is None:
+        deselected += [item for item in items
+                       if item.get_closest_marker("exercise_proof")]
+    elif not config.getoption("per_release"):
+        deselected += [item for item in items
+                       if not item.get_closest_marker("exercise_proof")]
+    if config.getoption("per_release"):
+        kept, thinned = release_selection.select(
+            [item for item in items if item not in deselected])
+        deselected += thinned
+    if deselected:
+        config.hook.pytest_deselected(items=deselected)
+        dropped = set(deselected)
+        items[:] = [item for item in items if item not in dropped]
+
+
+def pytest_runtest_setup(item):
+    if item.config.getoption("record_exercise") is not None:
+        exercise_recorder.refresh()
+
+
+def pytest_sessionfinish(session):
+    directory = session.config.getoption("record_exercise")
+    if directory is not None:
+        worker = getattr(session.config, "workerinput", {}).get("workerid", "main")
+        exercise_recorder.write(directory, f"pytest-{worker}")
 
 
 @pytest.fixture(scope="session")

@@ -10,6 +10,8 @@ import subprocess
 import sys
 import time
 
+import exercise_recorder
+
 TESTS = pathlib.Path(__file__).parent
 
 
@@ -37,7 +39,8 @@ def worker_configs(count):
 def run_processes(tf_configs, arguments, time_limit, env=None):
     """Runs `python ARGUMENTS...` once per TF_CONFIG (None: no cluster), all
     at once, with tests/ on PYTHONPATH; returns the JSON each printed last,
-    in order.
+    in order. Under `pytest --record-exercise` a script runs recorded
+    (tests/recorded_process.py).
 
     Every process is killed once `time_limit` seconds have passed since the
     start (a cluster whose workers wait on each other would hang), and then,
@@ -53,8 +56,11 @@ def run_processes(tf_configs, arguments, time_limit, env=None):
             environment.pop("TF_CONFIG", None)
             if tf_config is not None:
                 environment["TF_CONFIG"] = json.dumps(tf_config)
+            recorded = (exercise_recorder.ENVIRONMENT in environment and
+                        arguments[0] not in ("-m", "-c"))
             processes.append(subprocess.Popen(
-                [sys.executable, *arguments], env=environment,
+                [sys.executable, *([str(TESTS / "recorded_process.py")] if recorded else []),
+                 *arguments], env=environment,
                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
         outputs = []
         for process in processes:

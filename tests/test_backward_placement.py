@@ -21,6 +21,8 @@ from keras_models import tf_variable
 from tfdtape import component_totals
 from tfdtape.testing import PATCHED_CONFIGURATIONS
 
+pytestmark = pytest.mark.per_release
+
 REPLICAS = len(DEVICES)
 
 

@@ -10,6 +10,8 @@ import tfdtape
 from assertions import assert_same_objects
 from tfdtape.testing import PATCHED_CONFIGURATIONS
 
+pytestmark = pytest.mark.per_release
+
 
 def per_replica_value(strategy):
     return strategy.run(lambda: tf.constant(1.0))

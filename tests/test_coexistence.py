@@ -20,6 +20,8 @@ import tfdtape
 from tfdtape import targets
 from tfdtape import testing
 
+pytestmark = pytest.mark.per_release
+
 CONFIGURATIONS = ("stock", "tfdtape_alone", "pre_seed")
 THREADS = 8
 ROUNDS = 25

@@ -4,9 +4,12 @@ They run in every configuration: without a strategy the commit changes
 nothing, so all three must agree.
 """
 
+import pytest
 import tensorflow as tf
 
 from assertions import assert_same_objects
+
+pytestmark = pytest.mark.per_release
 
 
 def test_automatic_watched_variables(configuration):

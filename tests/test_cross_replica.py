@@ -15,6 +15,8 @@ from assertions import assert_same_objects
 from tfdtape import resolution
 from tfdtape.testing import PATCHED_CONFIGURATIONS
 
+pytestmark = pytest.mark.per_release
+
 HANDLE_UNAVAILABLE = ("DistributedVariable.handle is not available outside "
                       "the replica context")
 COEFFICIENTS = [1.0, 2.0, 3.0, 4.0]

@@ -23,6 +23,8 @@ from tfdtape import component_totals
 from tfdtape import events
 from tfdtape.testing import PATCHED_CONFIGURATIONS
 
+pytestmark = pytest.mark.per_release
+
 STOCK_ERRORS = {
     # Keras all-reduces through the default replica context, whose gradient
     # registration refuses the PerReplica.

@@ -18,6 +18,8 @@ from keras_models import tf_variable
 from tfdtape import explaining
 from tfdtape import testing
 
+pytestmark = pytest.mark.per_release
+
 KINDS = ("plain", "mirrored", "component", "keras", "tensor")
 CONTEXTS = ("no strategy", "replica", "cross-replica")
 

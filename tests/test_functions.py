@@ -2,11 +2,14 @@
 
 import sys
 
+import pytest
 import tensorflow as tf
 
 import tfdtape
 from assertions import assert_same_objects
 from tfdtape import captured_inputs
+
+pytestmark = pytest.mark.per_release
 
 
 def replica_index():

@@ -20,9 +20,13 @@ import pytest
 
 import generated_programs as gp
 
+pytestmark = pytest.mark.per_release
+
 CI_SEED = 22
 CI_CASES = 120
 """Programs per layout in CI: about 40 s of a subprocess each."""
+RELEASE_CASES = 40
+"""Programs per layout in the version stages (--per-release)."""
 LAYOUTS = (1, 2, 4)
 TIME_LIMIT = 1800
 
@@ -30,7 +34,7 @@ TIME_LIMIT = 1800
 @pytest.mark.parametrize("devices", LAYOUTS, ids=lambda d: f"{d}_cpus")
 def test_generated_programs_give_the_right_value_or_a_clear_error(
         request, devices):
-    seed, cases = gp.search_size(request.config, CI_SEED, CI_CASES)
+    seed, cases = gp.search_size(request.config, CI_SEED, CI_CASES, RELEASE_CASES)
     records = gp.run_generator("generated_programs_process.py", devices, seed, cases,
                                TIME_LIMIT)
     assert len(records) == cases

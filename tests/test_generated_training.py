@@ -26,10 +26,16 @@ import generated_programs as gp
 import generated_training as gt
 import loopback
 
+pytestmark = pytest.mark.per_release
+
 HERE = pathlib.Path(__file__).resolve().parent
 CI_SEED = 22
 CI_CASES = 24
 """Programs per device layout in CI: about 25 s of a subprocess each."""
+RELEASE_CASES = 16
+"""Programs per device layout in the version stages (--per-release): the
+fewest of CI's seed whose draw holds a program clipping inside the replicas
+on 2 and 4 CPUs (the guard below)."""
 CLUSTER_CASES = 10
 LAYOUTS = (1, 2, 4)
 TIME_LIMIT = 1200
@@ -46,7 +52,7 @@ def summary(records, where):
 
 @pytest.mark.parametrize("devices", LAYOUTS, ids=lambda d: f"{d}_cpus")
 def test_generated_training_trains_like_one_device_or_fails_clearly(request, devices):
-    seed, cases = gp.search_size(request.config, CI_SEED, CI_CASES)
+    seed, cases = gp.search_size(request.config, CI_SEED, CI_CASES, RELEASE_CASES)
     records = gp.run_generator("generated_training_process.py", devices, seed, cases,
                                TIME_LIMIT)
     assert len(records) == cases
@@ -66,9 +72,10 @@ def test_generated_training_trains_like_one_device_or_fails_clearly(request, dev
 
 
 @pytest.mark.cluster
+@pytest.mark.per_release(False)
 @pytest.mark.parametrize("workers", [2, 3])
 def test_generated_training_on_workers_trains_like_one_device(request, workers):
-    seed, _ = gp.search_size(request.config, CI_SEED, CI_CASES)
+    seed, _ = gp.search_size(request.config, CI_SEED, CI_CASES, RELEASE_CASES)
     outputs = loopback.run_processes(
         loopback.worker_configs(workers),
         [str(HERE / "generated_training_process.py"), "--seed", str(seed + workers),

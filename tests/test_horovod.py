@@ -22,6 +22,8 @@ import tfdtape.horovod as hvd
 from keras_models import is_keras3
 from tfdtape.horovod import fusion
 
+pytestmark = pytest.mark.per_release
+
 SCRIPTS = pathlib.Path(__file__).resolve().parent / "horovod_scripts"
 
 
@@ -165,7 +167,7 @@ def one_device_training(size, steps=3):
 
 
 @pytest.mark.cluster
-@pytest.mark.parametrize("processes", [2, 3])
+@pytest.mark.parametrize("processes", [2, pytest.param(3, marks=pytest.mark.per_release(False))])
 def test_every_operation_matches_its_closed_form(processes):
     completed = launch(processes, "ops_check.py")
     assert completed.returncode == 0, completed.stderr[-3000:]
@@ -223,6 +225,7 @@ def test_every_operation_matches_its_closed_form(processes):
 
 
 @pytest.mark.cluster
+@pytest.mark.per_release(False)
 def test_a_rank_that_fails_ends_the_job_instead_of_a_hang(tmp_path):
     script = tmp_path / "fails.py"
     script.write_text(
@@ -406,7 +409,7 @@ def test_keras_fit_alone_with_the_optimizer_and_the_schedule(alone):
 
 
 @pytest.mark.cluster
-@pytest.mark.parametrize("processes", [2, 3])
+@pytest.mark.parametrize("processes", [2, pytest.param(3, marks=pytest.mark.per_release(False))])
 def test_keras_fit_with_the_distributed_optimizer_trains_like_one_device(processes):
     """Processes starting from other weights (aligned by the broadcast
     callback), each fitting its rows: one device's training on the global
@@ -473,6 +476,7 @@ def two_pass_steps(epochs):
 
 
 @pytest.mark.cluster
+@pytest.mark.per_release(False)
 def test_keras_fit_accumulating_backward_passes_applies_their_sum_every_nth():
     """backward_passes_per_step=2 on two processes: each apply is the sum of
     two mini-batches' gradients averaged over the processes (Horovod's
@@ -490,6 +494,7 @@ def test_keras_fit_accumulating_backward_passes_applies_their_sum_every_nth():
 
 
 @pytest.mark.cluster
+@pytest.mark.per_release(False)
 @pytest.mark.parametrize("keras", ["keras", "tf_keras"] if is_keras3(tf.keras) else ["keras"])
 def test_adam_accumulating_passes_trains_as_one_device_on_the_global_batches(keras):
     """Adam (slots, and a bias correction that reads `iterations`, which
@@ -556,6 +561,7 @@ def test_mixed_precision_fit_skips_the_step_one_process_overflows_on_all(keras, 
 
 
 @pytest.mark.cluster
+@pytest.mark.per_release(False)
 def test_tf_keras_loss_scale_around_an_accumulating_optimizer_is_refused():
     """Keras 2's LossScaleOptimizer (tf_keras, or tf.keras before 2.16),
     wrapped by `compile` around a DistributedOptimizer that accumulates
@@ -606,6 +612,7 @@ DIFFERENCES = {
 
 
 @pytest.mark.cluster
+@pytest.mark.per_release(False)
 @pytest.mark.parametrize("processes,mode", [(2, "eager"), (2, "tf_function"), (3, "eager")])
 def test_processes_issuing_different_collectives_all_refuse_and_go_on(processes, mode):
     """Horovod's coordinator refuses collectives that differ between the

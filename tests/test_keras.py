@@ -15,6 +15,8 @@ from keras_models import keras_module
 from keras_models import tf_variable
 from tfdtape import testing
 
+pytestmark = pytest.mark.per_release
+
 FEATURES = (np.arange(32, dtype=np.float32).reshape(16, 2) % 7) / 7.0
 TARGETS = FEATURES @ np.array([[1.5], [-2.0]], np.float32) + 0.25
 KERNELS = [np.array([[0.2, -0.1, 0.3], [0.4, 0.1, -0.2]], np.float32),

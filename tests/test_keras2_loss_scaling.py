@@ -20,6 +20,8 @@ from tfdtape import keras2_loss_scaling
 from tfdtape import targets
 from tfdtape.testing import PATCHED_CONFIGURATIONS
 
+pytestmark = pytest.mark.per_release
+
 KERAS = "tf_keras" if is_keras3(tf.keras) else "tf.keras"
 FEATURES = np.linspace(-1.0, 1.0, 24, dtype=np.float32).reshape(8, 3)
 LABELS = np.linspace(0.5, -0.5, 8, dtype=np.float32).reshape(8, 1)

@@ -26,9 +26,10 @@ from keras_models import is_keras3
 from tfdtape import testing
 from tfdtape.testing import PATCHED_CONFIGURATIONS
 
-pytestmark = pytest.mark.skipif(
-    not is_keras3(tf.keras), reason="gradient_accumulation_steps is Keras 3's "
-    "(tf.keras before TensorFlow 2.16 is Keras 2)")
+pytestmark = [
+    pytest.mark.per_release,
+    pytest.mark.skipif(not is_keras3(tf.keras), reason="gradient_accumulation_steps is "
+                       "Keras 3's (tf.keras before TensorFlow 2.16 is Keras 2)")]
 
 GLOBAL_BATCH = 8
 STEPS = 5

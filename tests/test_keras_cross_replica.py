@@ -29,6 +29,8 @@ from keras_models import tf_variable
 from tfdtape import resolution
 from tfdtape.testing import PATCHED_CONFIGURATIONS
 
+pytestmark = pytest.mark.per_release
+
 HANDLE_UNAVAILABLE = ("DistributedVariable.handle is not available outside "
                       "the replica context")
 LEARNING_RATE = 0.1

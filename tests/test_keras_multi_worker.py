@@ -21,7 +21,7 @@ import loopback
 from keras_models import is_keras3
 
 # Worker processes on loopback: they run alone, not beside other tests.
-pytestmark = pytest.mark.cluster
+pytestmark = [pytest.mark.per_release, pytest.mark.cluster]
 
 SCRIPT = str(pathlib.Path(__file__).parent / "keras_worker_process.py")
 TIMEOUT_SECONDS = 240
@@ -91,6 +91,7 @@ def test_keras3_fit_evaluate_predict_on_workers_match_one_device(
 
 
 @keras3_only
+@pytest.mark.per_release(False)
 @pytest.mark.parametrize("accumulate", [0, 2])
 def test_stock_keras3_fit_fails_on_workers(accumulate):
     """The control: what tfdtape mends fails on TensorFlow as it ships."""
@@ -99,7 +100,8 @@ def test_stock_keras3_fit_fails_on_workers(accumulate):
         assert result["error"].startswith("ValueError: " + STOCK_BUILD_ERROR), result
 
 
-@pytest.mark.parametrize("configuration", ["stock", "tfdtape"])
+@pytest.mark.parametrize("configuration", [
+    pytest.param("stock", marks=pytest.mark.per_release(False)), "tfdtape"])
 def test_tf_keras_fit_on_workers_matches_one_device_as_on_stock(configuration):
     """tf_keras needs nothing mended; tfdtape changes nothing there."""
     pytest.importorskip("tf_keras")

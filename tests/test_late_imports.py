@@ -9,6 +9,8 @@ import types
 
 import pytest
 
+pytestmark = pytest.mark.per_release
+
 LATE_TF_KERAS = """
 import sys
 import tfdtape

@@ -14,6 +14,8 @@ from tensorflow.python.eager import tape as tape_module
 import tfdtape
 from tfdtape import targets
 
+pytestmark = pytest.mark.per_release
+
 TAPE_FUNCTIONS = ("watch_variable", "variable_accessed", "variables_accessed")
 TAPE_METHODS = ("watch", "gradient")
 

@@ -18,9 +18,10 @@ from tfdtape import keras3_loss_scaling
 from tfdtape import targets
 from tfdtape.testing import PATCHED_CONFIGURATIONS
 
-pytestmark = pytest.mark.skipif(
-    not is_keras3(tf.keras), reason="Keras 3's LossScaleOptimizer (Keras 2's "
-    "tf.keras before TensorFlow 2.16 has its own)")
+pytestmark = [
+    pytest.mark.per_release,
+    pytest.mark.skipif(not is_keras3(tf.keras), reason="Keras 3's LossScaleOptimizer "
+                       "(Keras 2's tf.keras before TensorFlow 2.16 has its own)")]
 
 FEATURES = np.linspace(-1.0, 1.0, 24, dtype=np.float32).reshape(8, 3)
 LABELS = np.linspace(0.5, -0.5, 8, dtype=np.float32).reshape(8, 1)

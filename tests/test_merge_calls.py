@@ -20,6 +20,8 @@ from tfdtape import merge_calls
 from tfdtape import targets
 from tfdtape.testing import PATCHED_CONFIGURATIONS
 
+pytestmark = pytest.mark.per_release
+
 EXPORTS = {
     "tf.__internal__": lambda: tf.__internal__.distribute.interim,
     "tf.compat.v2.__internal__": lambda: tf.compat.v2.__internal__.distribute.interim,

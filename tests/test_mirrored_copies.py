@@ -23,6 +23,8 @@ from run_helpers import tfdtape_run
 from tfdtape.cli import event_counts
 from tfdtape.cli import mirrored_copies
 
+pytestmark = pytest.mark.per_release
+
 
 def mirrored(strategy, value, **options):
     with strategy.scope():
@@ -117,6 +119,7 @@ def test_a_variable_freed_before_the_check_is_passed_over(strategy):
     assert recorder.snapshot()["warnings"] == []
 
 
+@pytest.mark.per_release(False)
 @pytest.mark.parametrize("options", [(), ("--no-install",)])
 def test_the_run_report_names_the_drifted_kernel_of_a_keras_model(tmp_path, options):
     shutil.copy(SCRIPTS / "drifted_copies.py", tmp_path)

@@ -16,7 +16,7 @@ import loopback
 
 # Worker processes on loopback: they run alone, not beside other tests
 # (README's test command runs the `cluster` tests in a pytest run of their own).
-pytestmark = pytest.mark.cluster
+pytestmark = [pytest.mark.per_release, pytest.mark.cluster]
 
 TESTS = pathlib.Path(__file__).parent
 WORKERS = 2
@@ -49,6 +49,7 @@ def test_two_workers_train_like_one_process_with_two_replicas():
     assert not np.allclose(kernel, [[0.5], [-0.5]])  # it trained
 
 
+@pytest.mark.per_release(False)
 def test_each_worker_writes_its_own_run_report(tmp_path):
     """`python -m tfdtape run --json report-{task}.json` on every worker."""
     ports = loopback.free_ports(WORKERS)

@@ -29,7 +29,7 @@ import worker_training as wt
 from keras_models import is_keras3
 from tfdtape.cli import run_report
 
-pytestmark = pytest.mark.cluster
+pytestmark = [pytest.mark.per_release, pytest.mark.cluster]
 
 PROCESS = str(loopback.TESTS / "multi_worker_spanning_process.py")
 TIME_LIMIT = 600
@@ -173,6 +173,7 @@ def test_what_cannot_be_exact_is_refused_on_every_worker(two_workers, choice, me
         assert re.search(pattern, found[0]["message"]), (chosen, found[0]["message"])
 
 
+@pytest.mark.per_release(False)
 def test_three_workers_train_like_one_device_on_the_global_batch():
     cases = [case(mode=mode, target=target, l2=target == "sum")
              for mode in ("eager", "tf_function") for target in ("sum", "mean")]
@@ -180,6 +181,7 @@ def test_three_workers_train_like_one_device_on_the_global_batch():
     assert_trained_like_one_device(run_cluster(3, cases), cases)
 
 
+@pytest.mark.per_release(False)
 def test_stock_tensorflow_cannot_run_the_spanning_loop_and_trains_the_tutorial_alike(
         two_workers):
     """The control: in scope, the handle error at tape.gradient; with no
@@ -202,6 +204,7 @@ def test_stock_tensorflow_cannot_run_the_spanning_loop_and_trains_the_tutorial_a
             assert found["bytes"] == same["bytes"]
 
 
+@pytest.mark.per_release(False)
 def test_tfdtape_run_on_each_worker_reports_its_totals_all_reduced(tmp_path):
     """`python -m tfdtape run --json report-{task}.json` on each worker: the
     totals counted per variable (in scope and without), all-reduced across
@@ -229,6 +232,7 @@ def test_tfdtape_run_on_each_worker_reports_its_totals_all_reduced(tmp_path):
         assert "each the sum of 1 components, all-reduced across 2 workers" in summary
 
 
+@pytest.mark.per_release(False)
 def test_verify_checks_the_spanning_step_on_two_workers(tmp_path):
     """`verify --multi-worker --only spanning_step_two_workers`: PASS, with
     both tfdtape configurations observing the job's gradient applied alike

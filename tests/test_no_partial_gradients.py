@@ -26,6 +26,8 @@ from keras_models import tf_variable
 from tfdtape import spanning_tapes
 from tfdtape.testing import PATCHED_CONFIGURATIONS
 
+pytestmark = pytest.mark.per_release
+
 KERAS3 = is_keras3(tf.keras)
 KERAS_WATCH_REFUSED = "not tf.Tensor or tf.Variable or ExtensionType"
 KERAS_ZEROS_FAIL = "'str' object has no attribute '_type_enum'"

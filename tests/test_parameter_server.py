@@ -17,7 +17,7 @@ import pytest
 
 # Worker processes on loopback: they run alone, not beside other tests
 # (README's test command runs the `cluster` tests in a pytest run of their own).
-pytestmark = pytest.mark.cluster
+pytestmark = [pytest.mark.per_release, pytest.mark.cluster]
 
 TESTS = pathlib.Path(__file__).parent
 

@@ -12,6 +12,8 @@ import sys
 
 import pytest
 
+pytestmark = pytest.mark.per_release
+
 CONFIGURATIONS = ("stock", "tfdtape_alone", "pre_seed")
 
 COMMON = """

@@ -33,6 +33,8 @@ from tfdtape import spanning_tapes
 from tfdtape import testing
 from tfdtape.testing import PATCHED_CONFIGURATIONS
 
+pytestmark = pytest.mark.per_release
+
 HANDLE_UNAVAILABLE = ("DistributedVariable.handle is not available outside "
                       "the replica context")
 

@@ -28,8 +28,10 @@ from run_helpers import tfdtape_run
 from tfdtape.cli import replica_clipping
 from tfdtape.testing import PATCHED_CONFIGURATIONS
 
-pytestmark = pytest.mark.skipif(not is_keras3(tf.keras), reason="Keras 3's optimizers "
-                                "clip inside the replicas (tf_keras all-reduces first)")
+pytestmark = [
+    pytest.mark.per_release,
+    pytest.mark.skipif(not is_keras3(tf.keras), reason="Keras 3's optimizers clip "
+                       "inside the replicas (tf_keras all-reduces first)")]
 
 BATCH = 8
 RNG = np.random.default_rng(3)

@@ -17,6 +17,8 @@ from conftest import DEVICES
 from keras_models import is_keras3
 from tfdtape.testing import PATCHED_CONFIGURATIONS
 
+pytestmark = pytest.mark.per_release
+
 REPLICAS = len(DEVICES)
 V0 = np.array([1.0, 2.0], np.float32)
 

@@ -10,6 +10,8 @@ import tensorflow as tf
 
 from assertions import assert_same_objects
 
+pytestmark = pytest.mark.per_release
+
 REPLICA_GRADIENTS = [6.0, 12.0, 18.0, 24.0]  # d(k * v * v)/dv at v=3, k=1..4
 
 

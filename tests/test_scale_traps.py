@@ -28,6 +28,8 @@ from run_helpers import tfdtape_run
 from tfdtape.cli import scale_traps
 from tfdtape.testing import PATCHED_CONFIGURATIONS
 
+pytestmark = pytest.mark.per_release
+
 REPLICAS = 4
 FEATURES = np.linspace(-1.0, 1.0, 24, dtype=np.float32).reshape(8, 3)
 LABELS = np.linspace(1.0, 0.2, 8, dtype=np.float32).reshape(8, 1)

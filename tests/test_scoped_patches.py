@@ -13,10 +13,13 @@ from tensorflow.python.eager import backprop
 from tensorflow.python.eager import tape as tape_module
 
 import tfdtape
+from assertions import assert_same_objects
 from tfdtape import events
 from tfdtape import targets
 from tfdtape.cli import scale_traps
 from tfdtape.cli import stock_observers
+
+pytestmark = pytest.mark.per_release
 
 OBSERVED = ((tape_module, "watch_variable"), (tape_module, "variable_accessed"),
             (tape_module, "variables_accessed"), (backprop.GradientTape, "gradient"))
@@ -54,6 +57,67 @@ def test_the_stock_observers_hold_the_tape_functions_as_scoped(uninstalled):
     assert held(OBSERVED) == tensorflows
     assert targets.open_scoped_targets() == []
     assert events.observing_stock is False
+
+
+class Collecting:
+    """A sink that keeps the watch decisions and gradient calls it is sent."""
+    complete = True
+    records_untaped = False
+
+    def __init__(self):
+        self.watches, self.gradients = [], []
+
+    def add_event(self, event):
+        self.watches.append(event)
+
+    def add_gradient(self, event):
+        self.gradients.append(event)
+
+
+def test_the_stock_observers_report_what_stock_tensorflow_watches(uninstalled, strategy):
+    with strategy.scope():
+        mirrored = tf.Variable(2.0)
+    plain = tf.Variable(3.0)
+    sink = Collecting()
+
+    def replica_step():
+        with tf.GradientTape() as tape:
+            loss = mirrored * mirrored
+        return tape.gradient(loss, mirrored)
+
+    events.open_sink(sink)
+    try:
+        with stock_observers.observe_stock():
+            grads = strategy.run(replica_step)
+            with strategy.scope(), tf.GradientTape() as tape:
+                # What tape.watch hands the tape (stock's watch itself
+                # raises first, on the container's handle).
+                tape_module.watch_variable(tape._tape, mirrored)
+                cross_replica_watched = tape.watched_variables()
+            with tf.GradientTape() as tape:
+                tape_module.variables_accessed([plain])  # as a tf.function's call once did
+                plain_gradient = tape.gradient(plain * plain, plain)
+    finally:
+        events.close_sink(sink)
+    components = strategy.experimental_local_results(mirrored)
+    assert [float(g) for g in strategy.experimental_local_results(grads)] == [4.0] * 4
+    assert float(plain_gradient) == 6.0
+    assert_same_objects(cross_replica_watched, components)
+    by_context = {}
+    for event in sink.watches:
+        by_context.setdefault((event.kind, event.context), []).append(event)
+    replica_reads = by_context.pop(("access", "replica"))
+    assert sorted(event.replica_id for event in replica_reads) == [0, 0, 1, 1, 2, 2, 3, 3]
+    assert all(event.resolved[0] is mirrored and len(event.resolved) == 1
+               for event in replica_reads)  # stock watches the container there
+    [watch] = by_context.pop(("watch", "cross-replica"))
+    assert_same_objects(watch.resolved, components)  # and every component here
+    plain_reads = by_context.pop(("access", "no strategy"))
+    assert len(plain_reads) == 2  # variables_accessed, then plain * plain (one read)
+    assert all(event.resolved[0] is plain for event in plain_reads)
+    assert by_context == {}
+    assert [len(event.asked) for event in sink.gradients] == [1] * 5
+    assert {event.context for event in sink.gradients} == {"replica", "no strategy"}
 
 
 def test_uninstall_restores_what_a_scoped_block_holds(uninstalled):

@@ -25,6 +25,8 @@ from tfdtape import keras2_aggregation
 from tfdtape import targets
 from tfdtape import testing
 
+pytestmark = pytest.mark.per_release
+
 CONFIGURATIONS = ("tfdtape", "tfdtape_alone", "pre_seed")
 """tfdtape with the native resolver, tfdtape alone, and the control."""
 

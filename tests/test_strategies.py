@@ -16,6 +16,8 @@ from conftest import DEVICES
 from tfdtape import resolution
 from tfdtape.testing import PATCHED_CONFIGURATIONS
 
+pytestmark = pytest.mark.per_release
+
 STRATEGIES = {
     "default": lambda: tf.distribute.get_strategy(),
     "one_device": lambda: tf.distribute.OneDeviceStrategy(DEVICES[0]),

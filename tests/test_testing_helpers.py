@@ -7,6 +7,8 @@ import tfdtape
 from conftest import DEVICES
 from tfdtape import testing
 
+pytestmark = pytest.mark.per_release
+
 
 def test_virtual_cpus_returns_the_layout_again():
     assert testing.virtual_cpus(4) == DEVICES

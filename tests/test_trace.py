@@ -10,6 +10,8 @@ import tfdtape
 from tfdtape import events
 from tfdtape import testing
 
+pytestmark = pytest.mark.per_release
+
 
 def test_trace_records_replica_reads_and_cross_replica_watch(strategy):
     with strategy.scope():

@@ -6,6 +6,8 @@ import tensorflow as tf
 
 from tfdtape import testing
 
+pytestmark = pytest.mark.per_release
+
 FEATURES = np.arange(16, dtype=np.float32).reshape(8, 2) / 8.0
 TARGETS = FEATURES @ np.array([[2.0], [-1.0]], np.float32) + 0.5
 LEARNING_RATE = 0.1

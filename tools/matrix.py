@@ -9,12 +9,18 @@ the test suite and `python -m tfdtape verify --json`, and updates the table
 of results in docs/compatibility.md: the rows of the builds checked are
 replaced, each naming the commit it was checked on, and the others are kept.
 
+`--per-release` (CI's version stages) runs, instead of the whole suite, the
+tests whose outcome can depend on the release (`pytest --per-release`,
+tests/release_selection.py), recording what they ran, and then the proof
+that they ran every patch target and compat accessor of that build
+(tests/test_release_rule.py); its rows say "per-release tests".
+
 The nightly build is untested by definition, so its tests run with
 TFDTAPE_ALLOW_UNTESTED_TENSORFLOW=1. If the registry no longer serves one of
 its pinned builds, it is skipped with one line saying so, not failed.
 
 Usage:
-  python tools/matrix.py [--versions 2.12.1 2.21.0] [--nightly]
+  python tools/matrix.py [--versions 2.12.1 2.21.0] [--nightly] [--per-release]
                          [--workdir DIR] [--output docs/compatibility.md]
 """
 
@@ -48,6 +54,12 @@ without), so that a run is reproducible."""
 
 FAILED_TEST = re.compile(r"^(?:FAILED|ERROR) tests/.*$", re.MULTILINE)
 """pytest's short test summary line of a test that failed or erred."""
+
+SLOWEST = re.compile(r"^\d+\.\d+s (?:call|setup|teardown) +tests/.*$", re.MULTILINE)
+"""A line of pytest's --durations table."""
+
+WHOLE_SUITE = (["-n", "auto", "-m", "not cluster"], ["-m", "cluster"])
+"""README's test command, as two pytest runs' selections."""
 
 NOT_SERVED = re.compile(r"No matching distribution found for (\S+)")
 
@@ -88,6 +100,8 @@ class Outcome:
     minutes: float = 0.0
     failed_tests: list = dataclasses.field(default_factory=list)
     """pytest's short summary lines of the tests that failed or erred."""
+    slowest: list = dataclasses.field(default_factory=list)
+    """pytest's --durations lines of the slowest tests, slowest first."""
 
 
 def available_releases():
@@ -134,9 +148,20 @@ def snapshot(workdir):
     return source
 
 
-def check_build(build, workdir, source):
+def test_runs(per_release, exercised):
+    """The pytest runs' arguments: README's test command, or the version
+    stages' tests recording into `exercised` and then the proof on what
+    they recorded."""
+    if not per_release:
+        return [list(selection) for selection in WHOLE_SUITE]
+    recording = ["--per-release", "--record-exercise", str(exercised)]
+    return [[*WHOLE_SUITE[0], *recording], [*WHOLE_SUITE[1], *recording],
+            ["--exercised-data", str(exercised)]]
+
+
+def check_build(build, workdir, source, per_release=False):
     """Installs `build` in a fresh venv and runs everything from the
-    `source` tree."""
+    `source` tree (the version stages' tests, `per_release`)."""
     outcome = Outcome(build.name)
     started = time.monotonic()
     slug = re.sub(r"[^\w.]+", "-", build.name)
@@ -168,13 +193,20 @@ def check_build(build, workdir, source):
         env["TFDTAPE_ALLOW_UNTESTED_TENSORFLOW"] = "1"
     # As README's test command: in parallel, then the cluster tests alone.
     summaries = []
-    for selection in (["-n", "auto", "-m", "not cluster"], ["-m", "cluster"]):
+    exercised = workdir / f"{slug}-exercised"
+    shutil.rmtree(exercised, ignore_errors=True)
+    for selection in test_runs(per_release, exercised):
         tests = run([python, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                     *selection, str(source / "tests")], log, cwd=source, env=env)
+                     "--durations=10", *selection, str(source / "tests")], log,
+                    cwd=source, env=env)
         summary = PYTEST_SUMMARY.findall(log.read_text())
         summaries.append(summary[-1] if summary else f"exit {tests.returncode}")
     outcome.tests = combined_summary(summaries)
+    if per_release:
+        outcome.tests = f"per-release tests: {outcome.tests}"
     outcome.failed_tests = FAILED_TEST.findall(log.read_text())
+    outcome.slowest = sorted(SLOWEST.findall(log.read_text()),
+                             key=lambda line: -float(line.split("s ", 1)[0]))[:10]
     report_path = workdir / f"{slug}-verify.json"
     verify = run([python, "-m", "tfdtape", "verify", "--json", str(report_path)],
                  log, cwd=source, env=env)
@@ -265,7 +297,7 @@ def passed(outcome):
     return (outcome.verify.endswith(" passed") and
             checks_run.split()[0] == checks_passed and
             " passed" in outcome.tests and "failed" not in outcome.tests and
-            "error" not in outcome.tests)
+            "error" not in outcome.tests and "exit" not in outcome.tests)
 
 
 def main(argv):
@@ -276,6 +308,11 @@ def main(argv):
                              "alone)")
     parser.add_argument("--nightly", action="store_true",
                         help="also check the pinned nightly builds")
+    parser.add_argument("--per-release", action="store_true",
+                        help="run the tests whose outcome can depend on the "
+                             "release, and the proof that they run every patch "
+                             "target and compat accessor (CI's version stages), "
+                             "instead of the whole suite")
     parser.add_argument("--workdir", type=pathlib.Path,
                         default=pathlib.Path("/tmp/tfdtape-matrix"))
     parser.add_argument("--output", type=pathlib.Path,
@@ -300,7 +337,7 @@ def main(argv):
     source = snapshot(args.workdir)
     outcomes = []
     for build in builds:
-        outcome = check_build(build, args.workdir, source)
+        outcome = check_build(build, args.workdir, source, args.per_release)
         if outcome.installed == "not served":
             print(f"{build.name}: skipped: {outcome.notes[0]}", flush=True)
         else:
@@ -309,6 +346,9 @@ def main(argv):
                   f"({outcome.minutes:.1f} min)", flush=True)
             for line in outcome.failed_tests:
                 print(f"  {line}", flush=True)
+            print("  slowest tests:", flush=True)
+            for line in outcome.slowest:
+                print(f"    {line}", flush=True)
         outcomes.append(outcome)
     write_table([o for o in outcomes if o.installed != "not served"],
                 args.output, commit)

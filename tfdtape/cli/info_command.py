@@ -48,17 +48,23 @@ def run(args):
     print("patch targets (who holds each now, judged by identity):")
     for target in targets.patch_targets():
         print(f"  {target.symbol}: {_holder_text(target, targets)}")
-    from tfdtape.cli import replica_clipping
-    from tfdtape.cli import scale_traps
-    from tfdtape.cli import stock_observers
     print("scoped patch targets (held while `python -m tfdtape run` runs; "
           "--no-install: the observers):")
-    for target in (stock_observers.observer_targets() +
-                   scale_traps.average_loss_targets() +
-                   replica_clipping.clipping_targets()):
+    for target in scoped_patch_targets():
         if target.holder() != targets.MISSING:
             print(f"  {target.symbol}: {_holder_text(target, targets)}")
     return command_line.EXIT_PASSED
+
+
+def scoped_patch_targets():
+    """Every target the run command holds for a block (`targets.scoped()`):
+    its observers, the MEAN trap's and the clipping warning's."""
+    from tfdtape.cli import replica_clipping
+    from tfdtape.cli import scale_traps
+    from tfdtape.cli import stock_observers
+    return (stock_observers.observer_targets() +
+            scale_traps.average_loss_targets() +
+            replica_clipping.clipping_targets())
 
 
 def _opt_in_text(release_policy):
