@@ -434,13 +434,12 @@ def failures(records):
         f"found: {json.dumps(r['found'])[:1500]}" for r in failing[:10])
 
 
-def search_size(config, ci_seed, ci_cases, release_cases):
+def search_size(config, ci, per_release):
     """(seed, cases per layout) for a generated-program test: from pytest's
     `--fuzz-seed` / `--fuzz-cases` (or TFDTAPE_FUZZ_SEED and
-    TFDTAPE_FUZZ_CASES), else CI's `ci_seed` and `ci_cases`, or under
-    `--per-release` (the version stages) the first `release_cases` of them."""
+    TFDTAPE_FUZZ_CASES), else CI's (`ci`, a (seed, cases) pair), or under
+    `--per-release` (the version stages) the `per_release` pair's."""
+    default_seed, default_cases = per_release if config.getoption("per_release") else ci
     seed = config.getoption("fuzz_seed") or os.environ.get("TFDTAPE_FUZZ_SEED")
     cases = config.getoption("fuzz_cases") or os.environ.get("TFDTAPE_FUZZ_CASES")
-    if not cases and config.getoption("per_release"):
-        cases = release_cases
-    return (int(seed) if seed else ci_seed), (int(cases) if cases else ci_cases)
+    return (int(seed) if seed else default_seed), (int(cases) if cases else default_cases)

@@ -4,10 +4,14 @@ the iteration counter, History's losses, evaluate's loss, predict's output).
 
 With TF_CONFIG set: one worker of a MultiWorkerMirroredStrategy cluster.
 Without: the one-device reference (no strategy), on the global batch.
-Arguments: OPTIMIZER (sgd or adam) ACCUMULATE (0: none) CONFIGURATION (one
-of tfdtape.testing's: stock, tfdtape, tfdtape_alone). An error is printed
-as the result, for the stock controls. Run by tests/test_keras_multi_worker.py,
-each in a fresh process. Uses `tf.keras`, so `TF_USE_LEGACY_KERAS=1` trains with tf_keras.
+Arguments: one or more cases OPTIMIZER:ACCUMULATE:CONFIGURATION (sgd or
+adam; 0: no accumulation; one of tfdtape.testing's configurations: stock,
+tfdtape, tfdtape_alone), trained one after the other under one strategy;
+the JSON printed is the list of their results. An error is printed as the
+case's result, for the stock controls. Run by
+tests/test_keras_multi_worker.py, one process per worker for all the cases
+of a cluster. Uses `tf.keras`, so `TF_USE_LEGACY_KERAS=1` trains with
+tf_keras.
 """
 
 import json
@@ -71,24 +75,24 @@ def train(optimizer_name, accumulate):
 
 
 def main():
-    optimizer_name, accumulate, configuration = sys.argv[1], int(sys.argv[2]), sys.argv[3]
-    result = {"task": None}
-    with testing.configuration(configuration):
-        result.update(run(optimizer_name, accumulate))
-    print(json.dumps(result))
+    task, strategy = None, tf.distribute.get_strategy()
+    if "TF_CONFIG" in os.environ:
+        task = json.loads(os.environ["TF_CONFIG"])["task"]["index"]
+        strategy = tf.distribute.MultiWorkerMirroredStrategy()
+    results = []
+    for case in sys.argv[1:]:
+        optimizer_name, accumulate, configuration = case.split(":")
+        with testing.configuration(configuration):
+            results.append(dict(task=task, **run(strategy, optimizer_name, int(accumulate))))
+    print(json.dumps(results))
     return 0
 
 
-def run(optimizer_name, accumulate):
-    """The result of training under this process's strategy, or the error."""
+def run(strategy, optimizer_name, accumulate):
+    """The result of training under `strategy`, or the error."""
     result = {}
     try:
-        if "TF_CONFIG" in os.environ:
-            result["task"] = json.loads(os.environ["TF_CONFIG"])["task"]["index"]
-            strategy = tf.distribute.MultiWorkerMirroredStrategy()
-            with strategy.scope():
-                result.update(train(optimizer_name, accumulate))
-        else:
+        with strategy.scope():
             result.update(train(optimizer_name, accumulate))
     except Exception as error:  # the test reads what stock raises
         result["error"] = f"{type(error).__name__}: {error}"

@@ -25,8 +25,9 @@ pytestmark = pytest.mark.per_release
 CI_SEED = 22
 CI_CASES = 120
 """Programs per layout in CI: about 40 s of a subprocess each."""
-RELEASE_CASES = 40
-"""Programs per layout in the version stages (--per-release)."""
+RELEASE_SEARCH = (CI_SEED, 40)
+"""(seed, programs per layout) in the version stages (--per-release): the
+first 40 of CI's."""
 LAYOUTS = (1, 2, 4)
 TIME_LIMIT = 1800
 
@@ -34,7 +35,7 @@ TIME_LIMIT = 1800
 @pytest.mark.parametrize("devices", LAYOUTS, ids=lambda d: f"{d}_cpus")
 def test_generated_programs_give_the_right_value_or_a_clear_error(
         request, devices):
-    seed, cases = gp.search_size(request.config, CI_SEED, CI_CASES, RELEASE_CASES)
+    seed, cases = gp.search_size(request.config, (CI_SEED, CI_CASES), RELEASE_SEARCH)
     records = gp.run_generator("generated_programs_process.py", devices, seed, cases,
                                TIME_LIMIT)
     assert len(records) == cases

@@ -26,26 +26,53 @@ pytestmark = [pytest.mark.per_release, pytest.mark.cluster]
 SCRIPT = str(pathlib.Path(__file__).parent / "keras_worker_process.py")
 TIMEOUT_SECONDS = 240
 STOCK_BUILD_ERROR = "Attempt to convert a value (PerReplica"
-_references = {}
+KERAS3_CASES = [
+    (2, "sgd", 0, "tfdtape"),
+    (2, "adam", 2, "tfdtape"),
+    (2, "sgd", 2, "tfdtape_alone"),
+    (3, "adam", 0, "tfdtape_alone"),
+    (3, "sgd", 2, "tfdtape"),
+]
+"""(workers, optimizer, accumulation steps, configuration): the cases of
+one worker count train one after the other in one cluster."""
+_found = {}
 
 
-def results(workers, optimizer_name, accumulate, configuration, legacy=False):
-    """Each process's result: `workers` workers of a cluster, or (0) one
-    process with no strategy."""
+def results(workers, cases, legacy=False):
+    """Each case's results, one per process: `workers` workers of one
+    cluster, or (0) one process with no strategy, training `cases`
+    ((optimizer, accumulation steps, configuration)) one after the other."""
     env = {"TF_USE_LEGACY_KERAS": "1"} if legacy else {"TF_USE_LEGACY_KERAS": "0"}
     configs = loopback.worker_configs(workers) if workers else [None]
-    return loopback.run_processes(
-        configs, [SCRIPT, optimizer_name, str(accumulate), configuration],
+    per_process = loopback.run_processes(
+        configs, [SCRIPT, *(":".join(map(str, case)) for case in cases)],
         TIMEOUT_SECONDS, env=env)
+    return [list(per_case) for per_case in zip(*per_process)]
+
+
+def cached(key, workers, cases, legacy=False):
+    """`results(workers, cases, legacy)` as a dict by case, run once per `key`."""
+    if key not in _found:
+        _found[key] = dict(zip(cases, results(workers, cases, legacy)))
+    return _found[key]
+
+
+def keras3_results(workers, optimizer_name, accumulate, configuration):
+    """A case of KERAS3_CASES, from the one cluster of its worker count."""
+    cases = [case[1:] for case in KERAS3_CASES if case[0] == workers]
+    return cached(("keras3", workers), workers, cases)[
+        (optimizer_name, accumulate, configuration)]
 
 
 def one_device(optimizer_name, accumulate, legacy=False):
-    key = (optimizer_name, accumulate, legacy)
-    if key not in _references:
-        (reference,) = results(0, optimizer_name, accumulate, "stock", legacy)
-        assert "error" not in reference, reference.get("traceback")
-        _references[key] = reference
-    return _references[key]
+    """The one-process reference: all of KERAS3_CASES' in one process, or
+    tf_keras's (`legacy`)."""
+    cases = ([("adam", 0, "stock")] if legacy else
+             sorted({(case[1], case[2], "stock") for case in KERAS3_CASES}))
+    (reference,) = cached(("one device", legacy), 0, cases, legacy)[
+        (optimizer_name, accumulate, "stock")]
+    assert "error" not in reference, reference.get("traceback")
+    return reference
 
 
 def assert_like_one_device(found, reference):
@@ -74,20 +101,14 @@ keras3_only = pytest.mark.skipif(not is_keras3(tf.keras), reason="Keras 3's trai
 
 
 @keras3_only
-@pytest.mark.parametrize("workers,optimizer_name,accumulate,configuration", [
-    (2, "sgd", 0, "tfdtape"),
-    (2, "adam", 2, "tfdtape"),
-    (2, "sgd", 2, "tfdtape_alone"),
-    (3, "adam", 0, "tfdtape_alone"),
-    (3, "sgd", 2, "tfdtape"),
-])
+@pytest.mark.parametrize("workers,optimizer_name,accumulate,configuration", KERAS3_CASES)
 def test_keras3_fit_evaluate_predict_on_workers_match_one_device(
         workers, optimizer_name, accumulate, configuration):
     reference = one_device(optimizer_name, accumulate)
     if accumulate:  # an odd number of steps: the accumulators hold a step
         assert any(np.any(np.asarray(a)) for a in reference["accumulators"])
     assert_like_one_device(
-        results(workers, optimizer_name, accumulate, configuration), reference)
+        keras3_results(workers, optimizer_name, accumulate, configuration), reference)
 
 
 @keras3_only
@@ -95,7 +116,8 @@ def test_keras3_fit_evaluate_predict_on_workers_match_one_device(
 @pytest.mark.parametrize("accumulate", [0, 2])
 def test_stock_keras3_fit_fails_on_workers(accumulate):
     """The control: what tfdtape mends fails on TensorFlow as it ships."""
-    found = results(2, "sgd", accumulate, "stock")
+    found = cached(("stock keras3", 2), 2, [("sgd", 0, "stock"), ("sgd", 2, "stock")])[
+        ("sgd", accumulate, "stock")]
     for result in found:
         assert result["error"].startswith("ValueError: " + STOCK_BUILD_ERROR), result
 
@@ -105,5 +127,6 @@ def test_stock_keras3_fit_fails_on_workers(accumulate):
 def test_tf_keras_fit_on_workers_matches_one_device_as_on_stock(configuration):
     """tf_keras needs nothing mended; tfdtape changes nothing there."""
     pytest.importorskip("tf_keras")
-    assert_like_one_device(results(2, "adam", 0, configuration, legacy=True),
-                           one_device("adam", 0, legacy=True))
+    found = cached(("tf_keras", 2), 2, [("adam", 0, "stock"), ("adam", 0, "tfdtape")],
+                   legacy=True)[("adam", 0, configuration)]
+    assert_like_one_device(found, one_device("adam", 0, legacy=True))
