@@ -494,7 +494,6 @@ def test_keras_fit_accumulating_backward_passes_applies_their_sum_every_nth():
 
 
 @pytest.mark.cluster
-@pytest.mark.per_release(False)
 @pytest.mark.parametrize("keras", ["keras", "tf_keras"] if is_keras3(tf.keras) else ["keras"])
 def test_adam_accumulating_passes_trains_as_one_device_on_the_global_batches(keras):
     """Adam (slots, and a bias correction that reads `iterations`, which

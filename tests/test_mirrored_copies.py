@@ -119,8 +119,8 @@ def test_a_variable_freed_before_the_check_is_passed_over(strategy):
     assert recorder.snapshot()["warnings"] == []
 
 
-@pytest.mark.per_release(False)
-@pytest.mark.parametrize("options", [(), ("--no-install",)])
+@pytest.mark.parametrize("options", [
+    (), pytest.param(("--no-install",), marks=pytest.mark.per_release(False))])
 def test_the_run_report_names_the_drifted_kernel_of_a_keras_model(tmp_path, options):
     shutil.copy(SCRIPTS / "drifted_copies.py", tmp_path)
     for healthy in (False, True):
