@@ -169,13 +169,12 @@ def start():
     modules that hold scoped patch targets), reinstalls tfdtape where it is
     installed so that its replacements run the recorded code, and watches
     `tfdtape.compat`."""
-    import importlib
     import sys
 
     import tfdtape
     from tfdtape import compat
-    for name in ("replica_clipping", "scale_traps", "stock_observers"):
-        importlib.import_module(f"tfdtape.cli.{name}")
+    from tfdtape.cli import info_command
+    info_command.scoped_patch_targets()  # imports the modules that make them
     instrument([module for name, module in list(sys.modules.items())
                 if (name == "tfdtape" or name.startswith("tfdtape."))
                 and getattr(module, "__file__", None)])

@@ -29,6 +29,7 @@ from tensorflow.python.distribute import collective_all_reduce_strategy
 from tensorflow.python.distribute import values as values_lib
 from tensorflow.python.util import nest
 
+from tfdtape import keras3_distribution
 from tfdtape import workers
 
 DEFINING_MODULE = "keras.src.backend.tensorflow.trainer"
@@ -74,6 +75,7 @@ def make_maybe_symbolic_build(original):
 
     @functools.wraps(original)
     def _maybe_symbolic_build(self, iterator=None, data_batch=None):
+        keras3_distribution.check_model(self)
         strategy = self._distribute_strategy
         if iterator is None or strategy is None or not workers.in_multi_worker_mode(strategy):
             return original(self, iterator=iterator, data_batch=data_batch)

@@ -48,6 +48,7 @@ from tfdtape import gradient_tape
 from tfdtape import keras2_aggregation
 from tfdtape import keras2_loss_scaling
 from tfdtape import keras3_accumulation
+from tfdtape import keras3_distribution
 from tfdtape import keras3_loss_scaling
 from tfdtape import keras3_multi_worker
 from tfdtape import merge_calls
@@ -387,9 +388,9 @@ def patch_targets():
 
 
 def _keras_targets():
-    """Keras 3's LossScaleOptimizer, BaseOptimizer and TensorFlow trainer,
-    Keras 2's Optimizer
-    and its LossScaleOptimizer classes, where loaded
+    """Keras 3's LossScaleOptimizer, BaseOptimizer, distribution API and
+    TensorFlow trainer, Keras 2's Optimizer and its LossScaleOptimizer
+    classes, where loaded
     (optional: a Keras without them, or whose classes changed, keeps its
     own refusals)."""
     table = [PatchTarget(cls, keras2_aggregation.ATTRIBUTE,
@@ -414,6 +415,7 @@ def _keras_targets():
                                  keras3_accumulation.PARAMETERS,
                                  keras3_accumulation.make_backend_apply_gradients,
                                  required=False))
+    table += _keras_distribution_targets()
     trainer_class = keras3_multi_worker.trainer_class()
     if trainer_class is not None:
         table.append(PatchTarget(trainer_class, keras3_multi_worker.BUILD_ATTRIBUTE,
@@ -425,6 +427,29 @@ def _keras_targets():
                                  keras3_multi_worker.REDUCE_PARAMETERS,
                                  keras3_multi_worker.make_reduce_per_replica,
                                  required=False))
+    return table
+
+
+def _keras_distribution_targets():
+    """Keras 3's `set_distribution` and `initialize` in every loaded module
+    holding them, and `Distribution.distribute_dataset`, where
+    `keras.distribution` is loaded."""
+    defining = keras3_distribution.defining_module()
+    if defining is None:
+        return []
+    table = [PatchTarget(module, attribute, parameters, make, required=False,
+                         defined_in=defining)
+             for attribute, parameters, make in (
+                 (keras3_distribution.SET_ATTRIBUTE, keras3_distribution.SET_PARAMETERS,
+                  keras3_distribution.make_set_distribution),
+                 (keras3_distribution.INITIALIZE_ATTRIBUTE,
+                  keras3_distribution.INITIALIZE_PARAMETERS,
+                  keras3_distribution.make_initialize))
+             for module in keras3_distribution.modules_holding(attribute)]
+    table.append(PatchTarget(keras3_distribution.distribution_class(),
+                             keras3_distribution.DATASET_ATTRIBUTE,
+                             keras3_distribution.DATASET_PARAMETERS,
+                             keras3_distribution.make_distribute_dataset, required=False))
     return table
 
 

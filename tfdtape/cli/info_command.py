@@ -58,13 +58,16 @@ def run(args):
 
 def scoped_patch_targets():
     """Every target the run command holds for a block (`targets.scoped()`):
-    its observers, the MEAN trap's and the clipping warning's."""
+    its observers, the MEAN trap's, the clipping warning's and the one-device
+    Keras distribution's."""
+    from tfdtape.cli import one_device_distribution
     from tfdtape.cli import replica_clipping
     from tfdtape.cli import scale_traps
     from tfdtape.cli import stock_observers
     return (stock_observers.observer_targets() +
             scale_traps.average_loss_targets() +
-            replica_clipping.clipping_targets())
+            replica_clipping.clipping_targets() +
+            one_device_distribution.build_targets())
 
 
 def _opt_in_text(release_policy):

@@ -57,6 +57,12 @@ WARNING_ADVICE = {
         "is clipped, the step differs from one device. Take the tape around "
         "strategy.run and apply after it (the total is clipped), or all-reduce "
         "first and clip the totals"),
+    "Keras distribution on one device": (
+        "keras.distribution.set_distribution on the TensorFlow backend without "
+        "tfdtape: Keras accepts the distribution and ignores it, and the model "
+        "trains on one device with plain variables. Run with tfdtape installed "
+        "(it trains a DataParallel through tf.distribute), or train under a "
+        "tf.distribute strategy"),
     "mirrored copies differ": (
         "at the end of the run, a mirrored variable's copies (one per replica, "
         "written alike) hold different values, so the replicas train different "

@@ -86,9 +86,12 @@ class RunRecording:
 
         from tfdtape.cli import replica_clipping
         if self._observe_stock:
+            from tfdtape.cli import one_device_distribution
             from tfdtape.cli import stock_observers
             self._cleanup.enter_context(stock_observers.observe_stock())
             self._cleanup.enter_context(replica_clipping.observe_replica_clipping())
+            self._cleanup.enter_context(
+                one_device_distribution.observe_one_device_distributions())
             return
         import runpy
 

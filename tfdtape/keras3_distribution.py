@@ -1,0 +1,401 @@
+"""Keras 3's distribution API (`keras.distribution`) on TensorFlow's engine.
+
+Keras 3 ships its TensorFlow distribution backend as a stub ("DO NOT USE";
+`distribute_value` is a TODO): on the TensorFlow backend
+`keras.distribution.set_distribution(DataParallel(...))` is accepted and
+then ignored, and `fit` trains on one device with plain variables.
+`keras.distribution.initialize()` fails there (the backend module has no
+`initialize`). tfdtape maps the API onto `tf.distribute`:
+
+- `set_distribution(DataParallel)` (and `distribution.scope()`, which calls
+  it) makes a MirroredStrategy over the distribution's devices the global
+  strategy (`tf.distribute.experimental_set_strategy`): models built and
+  compiled afterwards get mirrored variables, and Keras's TensorFlow trainer
+  runs `fit`, `evaluate` and `predict` on every device (with tfdtape's own
+  Keras training paths). One strategy serves each list of devices for the
+  life of the process, so a model built under one `scope()` trains under
+  the next. `set_distribution(None)` puts back no strategy.
+- `initialize()` (its arguments, Keras's KERAS_DISTRIBUTION_* variables, or
+  the TF_CONFIG `tfdtape launch` and schedulers set) starts the job's
+  MultiWorkerMirroredStrategy; a DataParallel then runs on it, and
+  `distribute_dataset` gives each process its share of every global batch
+  (`experimental_distribute_dataset`; with `auto_shard_dataset=False` each
+  process's own batches, through `distribute_datasets_from_function`).
+- What TensorFlow's engine cannot do here is refused where it is set, on
+  every process alike: any other `Distribution` (`ModelParallel`, layouts
+  that shard variables), a mesh of more than one axis, devices this process
+  does not have, a job of several processes without `initialize()`.
+- A model built before the distribution was set (its variables on one
+  device) is refused when it trains under it (`check_model`).
+
+Another backend, or no Keras 3 `keras.distribution`, is left alone; Keras
+is never imported here.
+"""
+
+import functools
+import json
+import os
+import sys
+import types
+
+from tensorflow.python.distribute import collective_all_reduce_strategy
+from tensorflow.python.distribute import distribute_lib
+from tensorflow.python.distribute import mirrored_strategy
+from tensorflow.python.distribute.cluster_resolver import cluster_resolver as resolvers
+from tensorflow.python.distribute.cluster_resolver import tfconfig_cluster_resolver
+from tensorflow.python.eager import context
+from tensorflow.python.framework import config as tf_config
+from tensorflow.python.framework import device as device_lib
+from tensorflow.python.framework import ops
+from tensorflow.python.training import server_lib
+
+from tfdtape import errors
+from tfdtape import events
+from tfdtape import keras_variables
+from tfdtape import process_state
+from tfdtape import resolution
+
+DEFINING_MODULE = "keras.src.distribution.distribution_lib"
+"""Where Keras 3 defines its distribution API (watched for by
+`tfdtape.late_imports`)."""
+API_MODULES = (DEFINING_MODULE, "keras.src.distribution", "keras.distribution",
+               "keras._tf_keras.keras.distribution")
+"""The modules that hold Keras's `set_distribution` and `initialize`."""
+SET_ATTRIBUTE = "set_distribution"
+SET_PARAMETERS = ("value",)
+INITIALIZE_ATTRIBUTE = "initialize"
+INITIALIZE_PARAMETERS = ("job_addresses", "num_processes", "process_id")
+DATASET_ATTRIBUTE = "distribute_dataset"
+DATASET_PARAMETERS = ("self", "dataset")
+_BACKEND_MODULE = "keras.src.backend.config"
+
+
+def _new_state():
+    """The strategies made for device lists ({canonical devices: strategy}),
+    the job `initialize()` started (None: none), and the strategy tfdtape
+    made global (None: none)."""
+    return types.SimpleNamespace(strategies={}, job=None, global_strategy=None,
+                                 lock=process_state.lock(reentrant=True))
+
+
+_state = process_state.kept(globals(), "_state", _new_state)
+
+
+def defining_module():
+    """Keras 3's distribution module, if loaded; else None."""
+    module = sys.modules.get(DEFINING_MODULE)
+    if module is None or not isinstance(vars(module).get("Distribution"), type):
+        return None
+    return module
+
+
+def modules_holding(attribute):
+    """The loaded modules of API_MODULES that hold the defining module's
+    `attribute` (or tfdtape's replacement of it, `is_replacement`)."""
+    module = defining_module()
+    if module is None or attribute not in vars(module):
+        return []
+    return [sys.modules[name] for name in API_MODULES if name in sys.modules
+            and attribute in vars(sys.modules[name])]
+
+
+def distribution_class():
+    """Keras's `Distribution` base class, if loaded; else None."""
+    module = defining_module()
+    return None if module is None else vars(module)["Distribution"]
+
+
+def _tensorflow_backend():
+    config = sys.modules.get(_BACKEND_MODULE)
+    return config is not None and config.backend() == "tensorflow"
+
+
+def _refuse(failed, symbol, expected, found, remedy, kind=ValueError):
+    return events.refused(kind(errors.message(failed, symbol, expected, found, remedy)))
+
+
+_WHAT_WORKS = ("On TensorFlow use keras.distribution.DataParallel (tfdtape trains it "
+               "through tf.distribute), or a tf.distribute strategy directly")
+
+
+def make_set_distribution(original):
+    """Returns a `set_distribution` that, on the TensorFlow backend, puts
+    the strategy of a DataParallel (`strategy_for`) in place globally, and
+    takes tfdtape's away for None; other distributions are refused."""
+
+    @functools.wraps(original)
+    def set_distribution(value):
+        if not _tensorflow_backend():
+            return original(value)
+        with _state.lock:
+            if not _settable(value):
+                return original(value)
+            strategy = None if value is None else strategy_for(value)
+            if strategy is not _current_strategy():
+                distribute_lib.experimental_set_strategy(strategy)
+                _state.global_strategy = strategy
+            return original(value)
+
+    return set_distribution
+
+
+def _current_strategy():
+    return distribute_lib.get_strategy() if distribute_lib.has_strategy() else None
+
+
+def _settable(value):
+    """Whether tfdtape may make `value`'s strategy (None: none) global:
+    False for None where no strategy of tfdtape's is global, or the
+    program's own is (not tfdtape's to take away).
+
+    Raises:
+        RuntimeError: inside a `with strategy.scope():`, or over the
+            program's own global strategy.
+    """
+    if value is None and _state.global_strategy is None:
+        return False
+    global_scope = ops.get_default_graph()._global_distribute_strategy_scope
+    current = _current_strategy()
+    if global_scope is None and current is not None:
+        raise _refuse("keras.distribution.set_distribution inside a tf.distribute "
+                      "scope", "keras.distribution.set_distribution",
+                      "no `with strategy.scope():` around it",
+                      f"inside {type(current).__name__}.scope()",
+                      "Set the Keras distribution outside strategy scopes (it makes "
+                      "its own strategy global)", RuntimeError)
+    if global_scope is not None and current is not _state.global_strategy:
+        if value is None:
+            return False
+        raise _refuse("keras.distribution.set_distribution over a global strategy",
+                      "keras.distribution.set_distribution",
+                      "no tf.distribute.experimental_set_strategy of the program's",
+                      f"{type(current).__name__} set globally",
+                      "Use either tf.distribute.experimental_set_strategy or "
+                      "keras.distribution, not both", RuntimeError)
+    return True
+
+
+def strategy_for(distribution):
+    """The tf.distribute strategy that trains `distribution`: the job's
+    MultiWorkerMirroredStrategy when `initialize()` started one, else a
+    MirroredStrategy over its devices (one per device list); marks the
+    distribution with the job's processes.
+
+    Raises:
+        ValueError: a distribution TensorFlow's engine cannot train here.
+    """
+    name = type(distribution).__name__
+    data_parallel = vars(defining_module()).get("DataParallel")
+    if not isinstance(distribution, data_parallel):
+        raise _refuse("a Keras distribution TensorFlow cannot train",
+                      f"keras.distribution.{name}", "keras.distribution.DataParallel",
+                      f"{name} (variables laid out across devices)", _WHAT_WORKS)
+    mesh = distribution.device_mesh
+    if len(mesh.shape) != 1:
+        raise _refuse("a Keras distribution TensorFlow cannot train",
+                      f"keras.distribution.{name}", "a device mesh of one (data) axis",
+                      f"a mesh of shape {tuple(mesh.shape)} (axes {list(mesh.axis_names)})",
+                      "Give DataParallel a list of devices or a 1-D mesh; sharding "
+                      "along other axes has no TensorFlow engine here")
+    names = [str(device) for device in mesh.devices.flatten()]
+    job = _state.job if _state.job is not None else _job_from_environment()
+    if job is None:
+        devices = canonical_devices(names)
+        strategy = _state.strategies.get(devices)
+        if strategy is None:
+            strategy = _state.strategies[devices] = mirrored_strategy.MirroredStrategy(
+                list(devices))
+        processes, process_id = 1, 0
+    else:
+        strategy, processes, process_id = job.strategy, job.processes, job.process_id
+        _check_job_devices(name, names, strategy)
+    distribution._num_processes = processes
+    distribution._process_id = process_id
+    distribution._is_multi_process = processes > 1
+    return strategy
+
+
+def _check_job_devices(name, names, strategy):
+    """Refuses a DataParallel of a job whose devices are not every device
+    the job's strategy trains on. Keras names the job's devices by type and
+    index only (`list_devices()` gives "cpu:0" once per process), so their
+    count and types are what can be compared."""
+    kind = device_lib.DeviceSpec.from_string(
+        strategy.extended.worker_devices[0]).device_type.lower()
+    wanted = strategy.num_replicas_in_sync
+    found_kinds = {device_lib.DeviceSpec.from_string(
+        item if item.startswith("/") else f"/{item}").device_type.lower() for item in names}
+    if len(names) != wanted or found_kinds != {kind}:
+        raise _refuse("a Keras DataParallel over other devices than the job's",
+                      f"keras.distribution.{name}",
+                      f"the job's {wanted} {kind} device(s), one entry each "
+                      "(keras.distribution.list_devices())", names,
+                      "Use DataParallel() or DataParallel(devices=keras.distribution."
+                      "list_devices()) in every process")
+
+
+def _job_from_environment():
+    """None for a process alone; refuses a TF_CONFIG of several workers
+    when `initialize()` did not start the job."""
+    cluster = json.loads(os.environ.get("TF_CONFIG") or "{}").get("cluster", {})
+    if sum(len(tasks) for tasks in cluster.values()) > 1:
+        raise _refuse("a Keras distribution in a job of several processes before "
+                      "keras.distribution.initialize()",
+                      "keras.distribution.set_distribution",
+                      "keras.distribution.initialize() first",
+                      f"TF_CONFIG naming {json.dumps(cluster)}",
+                      "Call keras.distribution.initialize() at the start of every "
+                      "process, before any TensorFlow computation")
+    return None
+
+
+def canonical_devices(names):
+    """Device names (Keras's "cpu:0", "/gpu:1", full names) as full
+    TensorFlow device names, in order.
+
+    Raises:
+        ValueError: a name that is no device of this process.
+    """
+    local = {_full_name(device.name) for device in tf_config.list_logical_devices()}
+    found = []
+    for name in names:
+        full = _full_name(name if name.startswith("/") else f"/{name}")
+        if full not in local:
+            raise _refuse("a Keras distribution over devices this process does not "
+                          "have", "keras.distribution.DataParallel",
+                          f"devices among {sorted(local)}", repr(name),
+                          "Use keras.distribution.list_devices()")
+        found.append(full)
+    return tuple(found)
+
+
+def _full_name(name):
+    spec = device_lib.DeviceSpec.from_string(name)
+    if spec.job is None:
+        spec = spec.replace(job="localhost", replica=0, task=0)
+    return spec.to_string()
+
+
+def make_initialize(original):
+    """Returns an `initialize` that, on the TensorFlow backend, starts the
+    job's MultiWorkerMirroredStrategy (`start_job`)."""
+
+    @functools.wraps(original)
+    def initialize(job_addresses=None, num_processes=None, process_id=None):
+        if not _tensorflow_backend():
+            return original(job_addresses, num_processes, process_id)
+        environ = os.environ
+        if job_addresses is None:
+            job_addresses = environ.get("KERAS_DISTRIBUTION_JOB_ADDRESSES")
+        if num_processes is None and "KERAS_DISTRIBUTION_NUM_PROCESSES" in environ:
+            num_processes = int(environ["KERAS_DISTRIBUTION_NUM_PROCESSES"])
+        if process_id is None and "KERAS_DISTRIBUTION_PROCESS_ID" in environ:
+            process_id = int(environ["KERAS_DISTRIBUTION_PROCESS_ID"])
+        with _state.lock:
+            start_job(job_addresses, num_processes, process_id)
+
+    return initialize
+
+
+_SYMBOL_INITIALIZE = "keras.distribution.initialize"
+
+
+def start_job(job_addresses, num_processes, process_id):
+    """Starts the job's MultiWorkerMirroredStrategy: on the workers
+    `job_addresses` names (comma-separated host:port, one per process), or
+    TF_CONFIG's; a process alone starts nothing.
+
+    Raises:
+        ValueError: addresses, count and id that do not describe one job.
+        RuntimeError: TensorFlow's runtime started before (collectives are
+            set up when it starts), or another job was started.
+    """
+    if job_addresses:
+        addresses = [address.strip() for address in job_addresses.split(",")]
+        if num_processes is None:
+            num_processes = len(addresses)
+        if num_processes != len(addresses) or process_id is None or not (
+                0 <= process_id < num_processes):
+            raise _refuse("a job keras.distribution.initialize cannot start",
+                          _SYMBOL_INITIALIZE,
+                          "one host:port per process (TensorFlow connects every "
+                          "process to every other), num_processes as many, and "
+                          "0 <= process_id < num_processes",
+                          f"job_addresses={job_addresses!r}, num_processes="
+                          f"{num_processes}, process_id={process_id}",
+                          "Pass every process's address, or run under `tfdtape "
+                          "launch` (TF_CONFIG) and call initialize() without arguments")
+        resolver = resolvers.SimpleClusterResolver(
+            server_lib.ClusterSpec({"worker": addresses}), task_type="worker",
+            task_id=process_id, rpc_layer="grpc")
+    elif "TF_CONFIG" in os.environ:
+        resolver = tfconfig_cluster_resolver.TFConfigClusterResolver()
+    else:
+        return  # a process alone: nothing to start
+    cluster = resolver.cluster_spec().as_dict()
+    key = (json.dumps(cluster, sort_keys=True), resolver.task_type, resolver.task_id)
+    if _state.job is not None:
+        if _state.job.key == key:
+            return
+        raise _refuse("a second job", _SYMBOL_INITIALIZE, "one job per process",
+                      f"{key[0]} after {_state.job.key[0]}",
+                      "Call keras.distribution.initialize() once, with the same job",
+                      RuntimeError)
+    if context.context()._context_handle is not None:
+        raise _refuse("keras.distribution.initialize after TensorFlow's runtime "
+                      "started", _SYMBOL_INITIALIZE,
+                      "a call before any TensorFlow computation",
+                      "the runtime running (collectives are set up when it starts)",
+                      "Call keras.distribution.initialize() first thing in every "
+                      "process", RuntimeError)
+    strategy = collective_all_reduce_strategy.CollectiveAllReduceStrategy(
+        cluster_resolver=resolver)
+    processes = sum(len(tasks) for tasks in cluster.values())
+    _state.job = types.SimpleNamespace(strategy=strategy, processes=processes,
+                                       process_id=resolver.task_id, key=key)
+
+
+def make_distribute_dataset(original):
+    """Returns a `Distribution.distribute_dataset` that, for a distribution
+    training on the job's strategy of several processes, gives each process
+    its share of every global batch as a distributed dataset."""
+
+    @functools.wraps(original)
+    def distribute_dataset(self, dataset):
+        job = _state.job
+        if (job is None or not _tensorflow_backend() or
+                not getattr(self, "_is_multi_process", False) or
+                type(dataset).__module__.startswith("tensorflow.python.distribute")):
+            return original(self, dataset)
+        if self.auto_shard_dataset:
+            return job.strategy.experimental_distribute_dataset(dataset)
+        return job.strategy.distribute_datasets_from_function(lambda _: dataset)
+
+    return distribute_dataset
+
+
+def check_model(model):
+    """Refuses to train `model` under tfdtape's global strategy when it was
+    built before the Keras distribution was set (Keras's trainer would then
+    take the global strategy with the model's variables on one device)."""
+    strategy = _state.global_strategy
+    if (strategy is None or getattr(model, "_distribute_strategy", strategy) is not None
+            or not distribute_lib.has_strategy()
+            or distribute_lib.get_strategy() is not strategy):
+        return
+    plain = [variable for variable in model.variables
+             if not resolution.is_distributed_variable(_tf_variable(variable))]
+    if plain:
+        raise _refuse("a Keras model built before the Keras distribution was set",
+                      f"model {model.name!r}",
+                      f"variables made under it, on its {strategy.num_replicas_in_sync} "
+                      "devices", f"{keras_variables.label(plain[0])} on one device",
+                      "Build and compile the model after "
+                      "keras.distribution.set_distribution(...), or inside `with "
+                      "distribution.scope():`")
+
+
+def _tf_variable(variable):
+    """The tf.Variable a Keras variable holds, or `variable` itself."""
+    inner = keras_variables.inner_or_none(variable)
+    return variable if inner is None else inner
