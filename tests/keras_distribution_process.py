@@ -43,6 +43,7 @@ SCENARIOS = {
     "scope_adam": ("scope", "adam", 0, "sequential", ("tfdtape",)),
     "set_accumulating_sgd": ("set", "sgd", 2, "sequential", ("tfdtape", "tfdtape_alone")),
     "custom_train_step": ("scope", "sgd", 0, "custom_step", ("tfdtape",)),
+    "custom_loop": ("set", "adam", 0, "custom_loop", ("tfdtape", "tfdtape_alone")),
 }
 
 
@@ -106,7 +107,47 @@ def copies(weight):
     return [[np.asarray(c.numpy()).tolist(), c.device] for c in components]
 
 
+def custom_loop(optimizer_name, x, y):
+    """TensorFlow's tutorial step (the tape inside `strategy.run`, in a
+    tf.function) under whatever strategy the Keras distribution made
+    global (none: one device), two epochs."""
+    import tensorflow as tf
+    strategy = tf.distribute.get_strategy()
+    model = model_of("sequential")
+    optimizer = optimizer_of(optimizer_name, 0)
+    optimizer.build(model.trainable_variables)  # not inside the traced replicas
+    batches = strategy.experimental_distribute_dataset(
+        tf.data.Dataset.from_tensor_slices((x, y)).batch(GLOBAL_BATCH))
+
+    @tf.function
+    def step(features, labels):
+        def replica(features, labels):
+            with tf.GradientTape() as tape:
+                loss = tf.nn.compute_average_loss(
+                    tf.square(model(features) - labels)[:, 0], global_batch_size=GLOBAL_BATCH)
+            gradients = tape.gradient(loss, model.trainable_variables)
+            optimizer.apply(gradients, model.trainable_variables)
+            return loss
+        return strategy.reduce("SUM", strategy.run(replica, args=(features, labels)),
+                               axis=None)
+
+    losses = []
+    for _ in range(2):
+        losses.append(float(np.mean([float(step(*batch)) for batch in batches])))
+    predicted = model.predict(x, batch_size=GLOBAL_BATCH, verbose=0)
+    return {
+        "weights": [copies(w) for w in model.trainable_weights],
+        "losses": losses,
+        "iterations": int(optimizer.iterations.numpy()),
+        "evaluated": losses[-1],
+        "predicted": np.asarray(predicted).tolist(),
+        "replica_devices": [],
+    }
+
+
 def train(optimizer_name, accumulate, kind, x, y, batch_size=GLOBAL_BATCH):
+    if kind == "custom_loop":
+        return custom_loop(optimizer_name, x, y)
     model = model_of(kind)
     optimizer = optimizer_of(optimizer_name, accumulate)
     model.compile(optimizer=optimizer, loss="mse")
@@ -203,14 +244,14 @@ def job_main(reference, explicit):
     distribution = keras.distribution.DataParallel()
     keras.distribution.set_distribution(distribution)
     dataset = tf.data.Dataset.from_tensor_slices((FEATURES, LABELS)).batch(GLOBAL_BATCH)
-    shares = distribution.distribute_dataset(
-        tf.data.Dataset.from_tensor_slices(FEATURES).batch(GLOBAL_BATCH))
-    first = next(iter(shares))
+    first_share = None
+    if hasattr(distribution, "distribute_dataset"):  # Keras 3.15, not keras-nightly 3.16
+        first_share = np.asarray(next(iter(distribution.distribute_dataset(
+            tf.data.Dataset.from_tensor_slices(FEATURES).batch(GLOBAL_BATCH))))).tolist()
     result = train("adam", 2, "sequential", dataset, None, batch_size=None)
     return dict(result, processes=distribution.num_processes,
-                process_id=distribution._process_id,
-                first_share=np.asarray(tf.distribute.get_strategy()
-                                       .experimental_local_results(first)[0]).tolist())
+                process_id=distribution._process_id, first_share=first_share,
+                keras=keras.__version__)
 
 
 def main():

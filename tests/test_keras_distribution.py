@@ -78,7 +78,7 @@ def assert_like_one_device(found, reference, devices, loss_scale=1.0):
 
 SCENARIOS = ["set_sgd/tfdtape", "set_sgd/tfdtape_alone", "scope_adam/tfdtape",
              "set_accumulating_sgd/tfdtape", "set_accumulating_sgd/tfdtape_alone",
-             "custom_train_step/tfdtape"]
+             "custom_train_step/tfdtape", "custom_loop/tfdtape", "custom_loop/tfdtape_alone"]
 
 
 LAYOUTS = [2, pytest.param(4, marks=pytest.mark.per_release(False))]
@@ -323,8 +323,11 @@ def test_data_parallel_across_processes_trains_like_one_device(processes, explic
     for index, result in enumerate(found):
         assert "error" not in result, result.get("traceback")
         assert (result["processes"], result["process_id"]) == (processes, index)
-        np.testing.assert_allclose(result["first_share"],
-                                   features[index * share:(index + 1) * share], rtol=0)
+        if result["first_share"] is None:  # keras-nightly 3.16 has no distribute_dataset
+            assert not result["keras"].startswith("3.15")
+        else:
+            np.testing.assert_allclose(result["first_share"],
+                                       features[index * share:(index + 1) * share], rtol=0)
         assert_like_one_device(result, reference,
                                [f"/job:worker/replica:0/task:{index}/device:CPU:0"])
         for key in ("weights", "losses", "evaluated", "predicted", "iterations"):

@@ -17,10 +17,13 @@ then ignored, and `fit` trains on one device with plain variables.
   the next. `set_distribution(None)` puts back no strategy.
 - `initialize()` (its arguments, Keras's KERAS_DISTRIBUTION_* variables, or
   the TF_CONFIG `tfdtape launch` and schedulers set) starts the job's
-  MultiWorkerMirroredStrategy; a DataParallel then runs on it, and
-  `distribute_dataset` gives each process its share of every global batch
-  (`experimental_distribute_dataset`; with `auto_shard_dataset=False` each
-  process's own batches, through `distribute_datasets_from_function`).
+  MultiWorkerMirroredStrategy; a DataParallel then runs on it, marked with
+  the job's processes, so Keras shards a `tf.data` dataset of global
+  batches as it does on JAX (each process its share of every batch; none
+  with `auto_shard_dataset=False`), and Keras's TensorFlow data adapter
+  hands each process's batches to its replicas
+  (`distribute_datasets_from_function`) instead of splitting them again
+  as global batches.
 - What TensorFlow's engine cannot do here is refused where it is set, on
   every process alike: any other `Distribution` (`ModelParallel`, layouts
   that shard variables), a mesh of more than one axis, devices this process
@@ -38,6 +41,7 @@ import os
 import sys
 import types
 
+from tensorflow.python.data.experimental.ops import distribute as tf_data_distribute
 from tensorflow.python.distribute import collective_all_reduce_strategy
 from tensorflow.python.distribute import distribute_lib
 from tensorflow.python.distribute import mirrored_strategy
@@ -48,6 +52,7 @@ from tensorflow.python.framework import config as tf_config
 from tensorflow.python.framework import device as device_lib
 from tensorflow.python.framework import ops
 from tensorflow.python.training import server_lib
+from tensorflow.python.types import distribute as distribute_types
 
 from tfdtape import errors
 from tfdtape import events
@@ -65,8 +70,11 @@ SET_ATTRIBUTE = "set_distribution"
 SET_PARAMETERS = ("value",)
 INITIALIZE_ATTRIBUTE = "initialize"
 INITIALIZE_PARAMETERS = ("job_addresses", "num_processes", "process_id")
-DATASET_ATTRIBUTE = "distribute_dataset"
-DATASET_PARAMETERS = ("self", "dataset")
+ADAPTER_MODULE = "keras.src.trainers.data_adapters.tf_dataset_adapter"
+"""Where Keras 3 defines its TensorFlow data adapter (watched for by
+`tfdtape.late_imports`)."""
+ADAPTER_ATTRIBUTE = "get_tf_dataset"
+ADAPTER_PARAMETERS = ("self",)
 _BACKEND_MODULE = "keras.src.backend.config"
 
 
@@ -99,10 +107,12 @@ def modules_holding(attribute):
             and attribute in vars(sys.modules[name])]
 
 
-def distribution_class():
-    """Keras's `Distribution` base class, if loaded; else None."""
-    module = defining_module()
-    return None if module is None else vars(module)["Distribution"]
+def adapter_class():
+    """Keras 3's `TFDatasetAdapter`, where its module and the distribution
+    API are loaded; else None."""
+    module = sys.modules.get(ADAPTER_MODULE)
+    found = None if module is None else vars(module).get("TFDatasetAdapter")
+    return found if isinstance(found, type) and defining_module() is not None else None
 
 
 def _tensorflow_backend():
@@ -355,23 +365,50 @@ def start_job(job_addresses, num_processes, process_id):
                                        process_id=resolver.task_id, key=key)
 
 
-def make_distribute_dataset(original):
-    """Returns a `Distribution.distribute_dataset` that, for a distribution
-    training on the job's strategy of several processes, gives each process
-    its share of every global batch as a distributed dataset."""
+def make_get_tf_dataset(original):
+    """Returns a `TFDatasetAdapter.get_tf_dataset` that, while a Keras
+    distribution trains on the job's strategy of several processes, hands
+    this process's batches (Keras's shard of the global batches, or the
+    program's own with `auto_shard_dataset=False`) to its replicas as a
+    distributed dataset, which Keras's trainer takes as it is."""
 
     @functools.wraps(original)
-    def distribute_dataset(self, dataset):
+    def get_tf_dataset(self):
+        dataset = original(self)
         job = _state.job
-        if (job is None or not _tensorflow_backend() or
-                not getattr(self, "_is_multi_process", False) or
-                type(dataset).__module__.startswith("tensorflow.python.distribute")):
-            return original(self, dataset)
-        if self.auto_shard_dataset:
-            return job.strategy.experimental_distribute_dataset(dataset)
-        return job.strategy.distribute_datasets_from_function(lambda _: dataset)
+        distribution = None if job is None else defining_module().distribution()
+        if (distribution is None or not getattr(distribution, "_is_multi_process", False)
+                or _is_distributed_dataset(dataset)):
+            return dataset
+        return process_batches(job, dataset)
 
-    return distribute_dataset
+    return get_tf_dataset
+
+
+def _is_distributed_dataset(value):
+    """Whether `value` is a `tf.distribute.DistributedDataset` (its class is
+    in tensorflow/python/types/distribute.py from Keras 3's TensorFlow
+    releases on; by module elsewhere)."""
+    interface = getattr(distribute_types, "DistributedDatasetInterface", None)
+    if interface is not None:
+        return isinstance(value, interface)
+    return type(value).__module__.startswith("tensorflow.python.distribute")
+
+
+def process_batches(job, dataset):
+    """`dataset`, this process's batches, as the job's distributed dataset:
+    each step one batch, split among this process's replicas."""
+    local_replicas = job.strategy.num_replicas_in_sync // job.processes
+    if local_replicas > 1:
+        batch = int(tf_data_distribute.compute_batch_size(dataset).numpy())
+        if batch < 0 or batch % local_replicas:
+            raise _refuse("a process's batches its replicas cannot split",
+                          "keras.distribution.DataParallel",
+                          f"a batch size known and divisible by {local_replicas}",
+                          f"batch size {batch}", "Batch the dataset with a global batch "
+                          "size divisible by every replica of the job")
+        dataset = dataset.rebatch(batch // local_replicas)
+    return job.strategy.distribute_datasets_from_function(lambda _: dataset)
 
 
 def check_model(model):

@@ -24,7 +24,7 @@ from tfdtape import process_state
 MODULES = (*keras2_aggregation.OPTIMIZER_MODULES,
            *keras2_loss_scaling.DEFINING_MODULES, keras3_loss_scaling.DEFINING_MODULE,
            keras3_accumulation.DEFINING_MODULE, keras3_multi_worker.DEFINING_MODULE,
-           *keras3_distribution.API_MODULES)
+           *keras3_distribution.API_MODULES, keras3_distribution.ADAPTER_MODULE)
 """The modules watched for."""
 
 # Kept across importlib.reload: a watch started stays the only one.

@@ -432,7 +432,7 @@ def _keras_targets():
 
 def _keras_distribution_targets():
     """Keras 3's `set_distribution` and `initialize` in every loaded module
-    holding them, and `Distribution.distribute_dataset`, where
+    holding them, and its TensorFlow data adapter's `get_tf_dataset`, where
     `keras.distribution` is loaded."""
     defining = keras3_distribution.defining_module()
     if defining is None:
@@ -446,10 +446,11 @@ def _keras_distribution_targets():
                   keras3_distribution.INITIALIZE_PARAMETERS,
                   keras3_distribution.make_initialize))
              for module in keras3_distribution.modules_holding(attribute)]
-    table.append(PatchTarget(keras3_distribution.distribution_class(),
-                             keras3_distribution.DATASET_ATTRIBUTE,
-                             keras3_distribution.DATASET_PARAMETERS,
-                             keras3_distribution.make_distribute_dataset, required=False))
+    adapter = keras3_distribution.adapter_class()
+    if adapter is not None:
+        table.append(PatchTarget(adapter, keras3_distribution.ADAPTER_ATTRIBUTE,
+                                 keras3_distribution.ADAPTER_PARAMETERS,
+                                 keras3_distribution.make_get_tf_dataset, required=False))
     return table
 
 
