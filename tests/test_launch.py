@@ -6,6 +6,7 @@ TensorFlow; the cluster test starts a real MultiWorkerMirroredStrategy from
 the environment the launcher gives.
 """
 
+import ast
 import json
 import os
 import subprocess
@@ -102,8 +103,73 @@ def test_output_lines_carry_their_rank_and_stream():
     assert sorted(completed.stdout.splitlines()) == [
         "[0]<stdout>:no newline 0", "[0]<stdout>:out 0",
         "[1]<stdout>:no newline 1", "[1]<stdout>:out 1"]
-    assert sorted(completed.stderr.splitlines()) == ["[0]<stderr>:err 0",
-                                                     "[1]<stderr>:err 1"]
+    assert sorted(line for line in completed.stderr.splitlines()
+                  if not line.startswith("tfdtape launch:")) == [
+        "[0]<stderr>:err 0", "[1]<stderr>:err 1"]
+
+
+def launcher_lines(stderr):
+    return [line for line in stderr.splitlines() if line.startswith("tfdtape launch:")]
+
+
+RESTARTED = """
+    import json, os, sys
+    rank, attempt = int(os.environ["TFDTAPE_RANK"]), int(os.environ["TFDTAPE_RESTART_COUNT"])
+    with open(os.environ["SEEN"], "a") as seen:
+        seen.write(json.dumps([rank, attempt, int(os.environ["TORCHELASTIC_RESTART_COUNT"]),
+                               os.environ["TFDTAPE_LAUNCH_DIR"],
+                               json.loads(os.environ["TF_CONFIG"])["cluster"]["worker"]])
+                   + "\\n")
+    marker = os.path.join(os.environ["TFDTAPE_LAUNCH_DIR"], f"attempt-{attempt}-rank-{rank}")
+    open(marker, "w").close()  # the directory outlives the attempt
+    if rank == 1 and attempt < int(os.environ["FAIL_UNTIL"]):
+        sys.exit(5)
+    print(sorted(os.listdir(os.environ["TFDTAPE_LAUNCH_DIR"])) if rank == 0 else "", flush=True)
+"""
+
+
+def test_a_failed_job_starts_again_up_to_max_restarts_on_fresh_ports(tmp_path):
+    seen = tmp_path / "seen"
+    completed = launch("--grace", "1", "--max-restarts", "2", "-np", "2", *python(RESTARTED),
+                       env={"SEEN": str(seen), "FAIL_UNTIL": "2"})
+    assert completed.returncode == 0, completed.stderr
+    records = [json.loads(line) for line in seen.read_text().splitlines()]
+    assert sorted((rank, attempt) for rank, attempt, *_ in records) == [
+        (0, 0), (0, 1), (0, 2), (1, 0), (1, 1), (1, 2)]
+    assert all(torch == attempt for _, attempt, torch, _, _ in records)
+    directories = {directory for *_, directory, _ in records}
+    assert len(directories) == 1 and not os.path.exists(directories.pop())  # shared, removed
+    workers = {attempt: tuple(cluster) for _, attempt, _, _, cluster in records}
+    assert len(set(workers.values())) == 3  # fresh ports each attempt
+    lines = launcher_lines(completed.stderr)
+    assert lines[0].startswith("tfdtape launch: the job's processes on this host listen on "
+                               f"port(s) {', '.join(p.rsplit(':')[1] for p in workers[0])} ")
+    assert lines[1:] == [
+        "tfdtape launch: rank 1 exited with status 5; the other processes were stopped",
+        "tfdtape launch: restarting every process (attempt 1 of 2)",
+        "tfdtape launch: attempt 1 listens on port(s) "
+        + ", ".join(p.rsplit(":")[1] for p in workers[1]),
+        "tfdtape launch: rank 1 exited with status 5; the other processes were stopped",
+        "tfdtape launch: restarting every process (attempt 2 of 2)",
+        "tfdtape launch: attempt 2 listens on port(s) "
+        + ", ".join(p.rsplit(":")[1] for p in workers[2])]
+    # rank 0 of the last attempt finds what the earlier attempts left there
+    final = [line for line in completed.stdout.splitlines() if line.startswith("[0]")][-1]
+    left = set(ast.literal_eval(final.removeprefix("[0]<stdout>:")))
+    assert left >= {f"attempt-{attempt}-rank-{rank}" for attempt in (0, 1) for rank in (0, 1)}
+    assert "attempt-2-rank-0" in left
+
+
+def test_max_restarts_gives_up_with_the_failed_status(tmp_path):
+    seen = tmp_path / "seen"
+    completed = launch("--grace", "1", "--max-restarts", "1", "-np", "2", *python(RESTARTED),
+                       env={"SEEN": str(seen), "FAIL_UNTIL": "9"})
+    assert completed.returncode == 5
+    assert len(seen.read_text().splitlines()) == 4  # two attempts of two processes
+    assert launcher_lines(completed.stderr)[-1] == (
+        "tfdtape launch: rank 1 exited with status 5; the other processes were stopped")
+    assert "restarting every process (attempt 1 of 1)" in completed.stderr
+    assert "attempt 2" not in completed.stderr
 
 
 def test_a_failed_process_ends_the_others_and_sets_the_status():
@@ -149,6 +215,10 @@ def test_a_process_that_ignores_sigterm_is_killed_after_the_grace():
     (("-np", "2", "--grace", "-1", "python"),
      "launch: --grace needs seconds (0 or more), found '-1'"),
     (("-np", "2", "--bogus", "python"), "launch: unknown option --bogus"),
+    (("-np", "2", "--max-restarts", "-1", "python"),
+     "launch: --max-restarts needs a whole number of at least 0, found '-1'"),
+    (("-np", "2", "-H", "a:1,b:1", "--host-index", "0", "--max-restarts", "1", "python"),
+     "launch: --max-restarts restarts the processes of one host; with 2 hosts"),
     (("-np", "2", "-H", "nothere-a:1,nothere-b:1", "python"),
      "launch: -H names 2 hosts and none of them is this machine"),
     (("-np", "1", "-H", "a:1,b:1", "--host-index", "1", "python"),
@@ -171,19 +241,39 @@ def test_help_prints_the_usage():
 
 
 @pytest.mark.cluster
-def test_launched_processes_form_a_multi_worker_strategy():
+def test_launched_processes_form_a_multi_worker_strategy_listening_where_said():
     """Two processes MultiWorkerMirroredStrategy joins from the launcher's
-    TF_CONFIG: an all-reduce across them is the sum of their ranks + 1."""
+    TF_CONFIG: an all-reduce across them is the sum of their ranks + 1. Each
+    process's gRPC server listens on its port of every interface (read from
+    /proc/net/tcp*), which the launcher says at start."""
     completed = launch("-np", "2", *python("""
-        import os
+        import json, os
         os.environ["TF_CPP_MIN_LOG_LEVEL"] = "3"
         import tensorflow as tf
         strategy = tf.distribute.MultiWorkerMirroredStrategy()
         rank = int(os.environ["TFDTAPE_RANK"])
         total = strategy.reduce("SUM", strategy.run(
             lambda: tf.constant(rank + 1.0)), axis=None)
-        print(strategy.cluster_resolver.task_id, float(total))
+        port = int(json.loads(os.environ["TF_CONFIG"])["cluster"]["worker"][rank]
+                   .rsplit(":", 1)[1])
+        listening = []
+        for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+            for line in open(table).read().splitlines()[1:]:
+                local, state = line.split()[1], line.split()[3]
+                address, hex_port = local.split(":")
+                if state == "0A" and int(hex_port, 16) == port:  # LISTEN
+                    listening.append(address)
+        print(strategy.cluster_resolver.task_id, float(total), port, sorted(listening))
     """), timeout=240)
     assert completed.returncode == 0, completed.stderr[-3000:]
-    assert sorted(completed.stdout.splitlines()) == ["[0]<stdout>:0 3.0",
-                                                     "[1]<stdout>:1 3.0"]
+    lines = sorted(completed.stdout.splitlines())
+    assert [line.split()[:2] for line in lines] == [["[0]<stdout>:0", "3.0"],
+                                                    ["[1]<stdout>:1", "3.0"]]
+    ports = [line.split()[2] for line in lines]
+    for line in lines:
+        addresses = ast.literal_eval(line.split(" ", 3)[3])
+        # 0.0.0.0 or :: (every interface), not loopback only
+        assert addresses and set(addresses) <= {"00000000", "0" * 32}, line
+    assert launcher_lines(completed.stderr)[0].startswith(
+        f"tfdtape launch: the job's processes on this host listen on port(s) "
+        f"{', '.join(ports)} of every network interface")

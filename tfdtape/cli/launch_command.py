@@ -9,9 +9,19 @@ and under Horovod's names (`HOROVOD_RANK`, ...). Where this host has GPUs
 (`CUDA_VISIBLE_DEVICES`, else `nvidia-smi -L`), each process sees only the
 GPU of its local rank. Every line a process writes is prefixed with its rank,
 `[rank]<stdout>:` or `[rank]<stderr>:`. When a process fails, the others
-are stopped (SIGTERM, then SIGKILL after --grace seconds) and the launcher
-exits with the failed process's status (128 + the signal for a process a
-signal ended); it exits 0 when every process did.
+are stopped (SIGTERM, then SIGKILL after --grace seconds); with
+--max-restarts N every process is then started again, up to N times (on
+fresh ports where the launcher chose them), each seeing its attempt as
+TFDTAPE_RESTART_COUNT (0 first; also TORCHELASTIC_RESTART_COUNT, torchrun's
+name); after the last failed attempt the launcher exits with the failed
+process's status (128 + the signal for a process a signal ended); it exits
+0 when every process did. Every attempt shares one directory of the launch,
+TFDTAPE_LAUNCH_DIR (where `tfdtape.horovod.elastic` keeps its commits).
+
+TensorFlow's gRPC servers, which the processes start, listen on every
+network interface of their host without authentication, and whoever reaches
+them can run operations in the job: the launcher says at start which ports
+the job opens. Run jobs on trusted networks only.
 
 Options (before COMMAND):
   -np N, --num-proc N   the number of processes of the whole job
@@ -24,6 +34,10 @@ Options (before COMMAND):
                         (default: free ports on a single local host, 29500
                         with several hosts)
   --grace S             seconds between SIGTERM and SIGKILL (default 10)
+  --max-restarts N      when a process fails, start every process again, up
+                        to N times (default 0: the first failure ends the
+                        job); one host only (several hosts: the scheduler's
+                        restart policy, docs/strategies.md)
 
 Several hosts: run the same `tfdtape launch -np N -H HOSTS --port P` on
 each host, with `--host-index` where the host's name is not the one in
@@ -38,6 +52,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 
@@ -49,7 +64,8 @@ LOCAL_NAMES = ("localhost", "127.0.0.1")
 
 def usage():
     return (f"usage: {command_line.program_name()} launch -np N [-H HOST:SLOTS,...] "
-            "[--host-index I] [--port P] [--grace S] COMMAND [ARGS...]")
+            "[--host-index I] [--port P] [--grace S] [--max-restarts N] "
+            "COMMAND [ARGS...]")
 
 
 @dataclasses.dataclass
@@ -60,12 +76,13 @@ class Options:
     host_index: int = None
     port: int = None
     grace: float = 10.0
+    max_restarts: int = 0
     command: list = dataclasses.field(default_factory=list)
 
 
 _VALUED = {"-np": "processes", "--num-proc": "processes", "-H": "hosts",
            "--hosts": "hosts", "--host-index": "host_index", "--port": "port",
-           "--grace": "grace"}
+           "--grace": "grace", "--max-restarts": "max_restarts"}
 
 
 def parse(argv):
@@ -115,6 +132,15 @@ def parse(argv):
         if not options.grace >= 0:
             raise command_line.UsageError(
                 f"launch: --grace needs seconds (0 or more), found {given['grace'][1]!r}")
+    if "max_restarts" in given:
+        options.max_restarts = _int_at_least(0, *given["max_restarts"])
+        if options.max_restarts and len(options.hosts) > 1:
+            raise command_line.UsageError(
+                "launch: --max-restarts restarts the processes of one host; with "
+                f"{len(options.hosts)} hosts each launcher would restart alone and the "
+                "job's processes would not meet again. Let the scheduler restart the "
+                "whole job on a failed exit status (Slurm --requeue, Kubernetes "
+                "restartPolicy: docs/strategies.md, 'Surviving faults')")
     return options
 
 
@@ -234,8 +260,14 @@ def gpus_here():
         line for line in listed.splitlines() if line.startswith("GPU "))]
 
 
-def environment(options, job, place, addresses, gpus):
-    """The environment of process `place`."""
+RESTART_COUNT_NAMES = ("TFDTAPE_RESTART_COUNT", "TORCHELASTIC_RESTART_COUNT")
+"""Where a process finds which attempt of the job it belongs to (0 first)."""
+LAUNCH_DIRECTORY = "TFDTAPE_LAUNCH_DIR"
+"""A directory every attempt of the launch shares."""
+
+
+def environment(options, job, place, addresses, gpus, attempt=0, launch_directory=None):
+    """The environment of process `place` in `attempt` of the launch."""
     hosts = {place.host_index for place in job}
     host_order = sorted(hosts)
     values = {
@@ -251,6 +283,10 @@ def environment(options, job, place, addresses, gpus):
         "task": {"type": "worker", "index": place.rank}})
     if gpus:
         env["CUDA_VISIBLE_DEVICES"] = gpus[place.local_rank]
+    for name in RESTART_COUNT_NAMES:
+        env[name] = str(attempt)
+    if launch_directory is not None:
+        env[LAUNCH_DIRECTORY] = launch_directory
     return env
 
 
@@ -280,18 +316,56 @@ def run(argv):
             f"launch: {len(local)} processes on this host but {len(gpus)} GPU(s) "
             "(CUDA_VISIBLE_DEVICES or nvidia-smi): pass -np with at most one "
             "process per GPU, or CUDA_VISIBLE_DEVICES= to run on CPUs")
-    by_rank = ports(options, job)
-    addresses = [f"{options.hosts[place.host_index][0]}:{by_rank[place.rank]}"
-                 for place in job]
-    return _supervise(options, [
-        (place.rank, environment(options, job, place, addresses, gpus))
-        for place in local])
+    launch_directory, made = _launch_directory()
+    try:
+        for attempt in range(options.max_restarts + 1):
+            by_rank = ports(options, job)
+            addresses = [f"{options.hosts[place.host_index][0]}:{by_rank[place.rank]}"
+                         for place in job]
+            status, failed = _supervise(options, [
+                (place.rank, environment(options, job, place, addresses, gpus, attempt,
+                                         launch_directory))
+                for place in local], lambda: _say_reachable(
+                    [by_rank[place.rank] for place in local], attempt))
+            if failed is None or attempt == options.max_restarts:
+                return status
+            print(f"tfdtape launch: restarting every process (attempt {attempt + 1} of "
+                  f"{options.max_restarts})", file=sys.stderr, flush=True)
+        return status
+    finally:
+        if made:
+            shutil.rmtree(launch_directory, ignore_errors=True)
 
 
-def _supervise(options, processes):
-    """Starts each (rank, environment) process of `options.command`, copies
-    its output prefixed with its rank, and ends them all when one fails;
-    returns the exit status."""
+def _launch_directory():
+    """(the launch's shared directory, whether this launcher made it): the
+    environment's TFDTAPE_LAUNCH_DIR where set, else a new temporary one."""
+    given = os.environ.get(LAUNCH_DIRECTORY)
+    if given:
+        os.makedirs(given, exist_ok=True)
+        return given, False
+    return tempfile.mkdtemp(prefix="tfdtape-launch-"), True
+
+
+def _say_reachable(local_ports, attempt):
+    """Says on stderr which ports this host's processes open (once per
+    attempt: a restart may take new ones)."""
+    listed = ", ".join(map(str, local_ports))
+    if attempt:
+        print(f"tfdtape launch: attempt {attempt} listens on port(s) {listed}",
+              file=sys.stderr, flush=True)
+        return
+    print(f"tfdtape launch: the job's processes on this host listen on port(s) {listed} "
+          "of every network interface (TensorFlow's gRPC servers, no authentication): "
+          "whoever reaches them can run operations in the job. Run jobs on trusted "
+          "networks only.", file=sys.stderr, flush=True)
+
+
+def _supervise(options, processes, started_all):
+    """Starts each (rank, environment) process of `options.command` (then
+    calls `started_all()`), copies its output prefixed with its rank, and
+    ends them all when one fails; returns (the exit status, the failed rank
+    or None)."""
     lock = threading.Lock()
     started = []
     try:
@@ -304,6 +378,7 @@ def _supervise(options, processes):
         raise command_line.UsageError(
             f"launch: cannot start {options.command[0]!r}: "
             f"{error.strerror or error}") from None
+    started_all()
     copiers = [threading.Thread(target=_copy, args=(stream, rank, name, sink, lock),
                                 daemon=True)
                for rank, process in started
@@ -329,7 +404,7 @@ def _supervise(options, processes):
     elif status:
         print("tfdtape launch: interrupted; the processes were stopped",
               file=sys.stderr, flush=True)
-    return status
+    return status, failed
 
 
 def _raise_interrupt(number, _frame):
