@@ -45,6 +45,7 @@ HOSTS (docs/horovod.md).
 """
 
 import dataclasses
+import functools
 import json
 import os
 import shutil
@@ -325,8 +326,8 @@ def run(argv):
             status, failed = _supervise(options, [
                 (place.rank, environment(options, job, place, addresses, gpus, attempt,
                                          launch_directory))
-                for place in local], lambda: _say_reachable(
-                    [by_rank[place.rank] for place in local], attempt))
+                for place in local], functools.partial(
+                    _say_reachable, [by_rank[place.rank] for place in local], attempt))
             if failed is None or attempt == options.max_restarts:
                 return status
             print(f"tfdtape launch: restarting every process (attempt {attempt + 1} of "
