@@ -113,7 +113,7 @@ def launcher_lines(stderr):
 
 
 RESTARTED = """
-    import json, os, sys
+    import json, os, sys, time
     rank, attempt = int(os.environ["TFDTAPE_RANK"]), int(os.environ["TFDTAPE_RESTART_COUNT"])
     with open(os.environ["SEEN"], "a") as seen:
         seen.write(json.dumps([rank, attempt, int(os.environ["TORCHELASTIC_RESTART_COUNT"]),
@@ -123,6 +123,8 @@ RESTARTED = """
     marker = os.path.join(os.environ["TFDTAPE_LAUNCH_DIR"], f"attempt-{attempt}-rank-{rank}")
     open(marker, "w").close()  # the directory outlives the attempt
     if rank == 1 and attempt < int(os.environ["FAIL_UNTIL"]):
+        while not os.path.exists(marker.replace("rank-1", "rank-0")):
+            time.sleep(0.01)  # rank 0 has recorded this attempt before rank 1 fails it
         sys.exit(5)
     print(sorted(os.listdir(os.environ["TFDTAPE_LAUNCH_DIR"])) if rank == 0 else "", flush=True)
 """
