@@ -19,12 +19,14 @@ from tfdtape import keras3_accumulation
 from tfdtape import keras3_distribution
 from tfdtape import keras3_loss_scaling
 from tfdtape import keras3_multi_worker
+from tfdtape import keras3_saving
 from tfdtape import process_state
 
 MODULES = (*keras2_aggregation.OPTIMIZER_MODULES,
            *keras2_loss_scaling.DEFINING_MODULES, keras3_loss_scaling.DEFINING_MODULE,
            keras3_accumulation.DEFINING_MODULE, keras3_multi_worker.DEFINING_MODULE,
-           *keras3_distribution.API_MODULES, keras3_distribution.ADAPTER_MODULE)
+           *keras3_distribution.API_MODULES, keras3_distribution.ADAPTER_MODULE,
+           *keras3_saving.WATCHED)
 """The modules watched for."""
 
 # Kept across importlib.reload: a watch started stays the only one.

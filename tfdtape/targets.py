@@ -51,6 +51,7 @@ from tfdtape import keras3_accumulation
 from tfdtape import keras3_distribution
 from tfdtape import keras3_loss_scaling
 from tfdtape import keras3_multi_worker
+from tfdtape import keras3_saving
 from tfdtape import merge_calls
 from tfdtape import process_state
 from tfdtape import spanning_tapes
@@ -416,6 +417,7 @@ def _keras_targets():
                                  keras3_accumulation.make_backend_apply_gradients,
                                  required=False))
     table += _keras_distribution_targets()
+    table += _keras_saving_targets()
     trainer_class = keras3_multi_worker.trainer_class()
     if trainer_class is not None:
         table.append(PatchTarget(trainer_class, keras3_multi_worker.BUILD_ATTRIBUTE,
@@ -451,6 +453,34 @@ def _keras_distribution_targets():
         table.append(PatchTarget(adapter, keras3_distribution.ADAPTER_ATTRIBUTE,
                                  keras3_distribution.ADAPTER_PARAMETERS,
                                  keras3_distribution.make_get_tf_dataset, required=False))
+    return table
+
+
+def _keras_saving_targets():
+    """Keras 3's saving functions in every loaded module holding them,
+    `Model.export`, and BackupAndRestore's and ModelCheckpoint's writes,
+    where their modules are loaded."""
+    saving = sys.modules.get(keras3_saving.SAVING_MODULE)
+    table = [PatchTarget(module, attribute, parameters, make, required=False,
+                         defined_in=saving)
+             for (attribute, parameters), make in (
+                 (keras3_saving.SAVE_MODEL, keras3_saving.make_save_model),
+                 (keras3_saving.SAVE_WEIGHTS, keras3_saving.make_save_weights))
+             for module in keras3_saving.saving_modules(attribute)]
+    for module, class_name, (attribute, parameters), make in (
+            (keras3_saving.MODEL_MODULE, "Model", keras3_saving.EXPORT,
+             keras3_saving.make_export),
+            (keras3_saving.BACKUP_MODULE, "BackupAndRestore", keras3_saving.BACKUP_BEGIN,
+             keras3_saving.make_backup_on_train_begin),
+            (keras3_saving.BACKUP_MODULE, "BackupAndRestore", keras3_saving.BACKUP_SAVE,
+             keras3_saving.make_backup_save_model),
+            (keras3_saving.BACKUP_MODULE, "BackupAndRestore", keras3_saving.BACKUP_END,
+             keras3_saving.make_backup_on_train_end),
+            (keras3_saving.CHECKPOINT_MODULE, "ModelCheckpoint",
+             keras3_saving.CHECKPOINT_SAVE, keras3_saving.make_checkpoint_save_model)):
+        owner = keras3_saving.defined(module, class_name, attribute)
+        if owner is not None:
+            table.append(PatchTarget(owner, attribute, parameters, make, required=False))
     return table
 
 

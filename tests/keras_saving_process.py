@@ -1,0 +1,180 @@
+"""A Keras 3 `fit` that backs up, checkpoints and saves, and may be killed.
+
+Run by tests/test_keras_saving.py, one process per worker under `tfdtape
+launch` (TF_CONFIG set: MultiWorkerMirroredStrategy), or alone (the
+one-device reference on the global batch). Arguments: DIRECTORY, where the
+job writes (every worker the same paths, unless --backup-per-rank), and
+
+  --die RANK:EPOCH:HOW   on attempt 0 (TFDTAPE_RESTART_COUNT), process RANK
+                         ends as batch 1 of epoch EPOCH begins (HOW: exit,
+                         os._exit(3); kill, SIGKILL), or, with HOW write,
+                         while writing the backup at the end of epoch EPOCH
+                         (a partial file, then os._exit(3))
+  --per-rank             each worker writes under DIRECTORY/rank-RANK (as on
+                         disks of their own)
+  --legacy               tf_keras (its own callbacks), no export; the chief
+                         alone saves at the end (TensorFlow's tutorial)
+  --stock-saving         Keras's own saving functions and callbacks put back
+                         (tfdtape's keras3_saving off: the control)
+
+Callbacks: BackupAndRestore(DIRECTORY/backup), ModelCheckpoint
+(DIRECTORY/ckpt-{epoch:02d}.weights.h5, weights only) and ModelCheckpoint
+(DIRECTORY/best.keras, save_best_only); after `fit`: model.save
+(final.keras), model.save_weights (final.weights.h5), model.export
+(exported). Prints JSON: the rank, the epochs this process ran, every
+variable's first copy (the model's, then the optimizer's).
+"""
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import sys
+import tempfile
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+
+import numpy as np
+import tensorflow as tf
+
+import tfdtape  # noqa: F401  (installs)
+
+GLOBAL_BATCH = 12
+STEPS = 4
+EPOCHS = 4
+RNG = np.random.default_rng(5)
+FEATURES = RNG.normal(size=(STEPS * GLOBAL_BATCH, 4)).astype(np.float32)
+LABELS = RNG.normal(size=(STEPS * GLOBAL_BATCH, 1)).astype(np.float32)
+
+
+def build(keras):
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3, activation="tanh"),
+                              keras.layers.Dense(1)])
+    for index, weight in enumerate(model.weights):
+        weight.assign(tf.random.stateless_normal(weight.shape, seed=(7, index)) * 0.5)
+    model.compile(optimizer=keras.optimizers.SGD(0.05, momentum=0.9), loss="mse")
+    return model
+
+
+def first_copy(variable):
+    value = variable if isinstance(variable, tf.Variable) else variable.value  # Keras 3's
+    if isinstance(value, tf.distribute.DistributedValues):
+        value = value._values[0]
+    return np.asarray(value).tolist()
+
+
+class Fault:
+    """Ends this process where --die says."""
+
+    def __init__(self, rank, spec):
+        self.armed = spec is not None and os.environ.get("TFDTAPE_RESTART_COUNT", "0") == "0"
+        if self.armed:
+            dying, epoch, self.how = spec.split(":")
+            self.armed = int(dying) == rank
+            self.epoch = int(epoch)
+
+    def end(self):
+        sys.stdout.flush()
+        if self.how == "kill":
+            os.kill(os.getpid(), signal.SIGKILL)
+        os._exit(3)
+
+    def during_write(self, epoch):
+        return self.armed and self.how == "write" and epoch == self.epoch
+
+
+def callbacks_of(keras, directory, fault, epochs_run):
+    backup = os.path.join(directory, "backup")
+    epoch_now = {}
+
+    class Probe(keras.callbacks.Callback):
+        def on_epoch_begin(self, epoch, logs=None):
+            epochs_run.append(epoch)
+            epoch_now["epoch"] = epoch
+
+        def on_train_batch_begin(self, batch, logs=None):
+            if (fault.armed and fault.how != "write" and batch == 1
+                    and epoch_now["epoch"] == fault.epoch):
+                fault.end()
+
+    backup_callback = keras.callbacks.BackupAndRestore(backup)
+    if fault.armed and fault.how == "write":
+        save_weights = keras.Model.save_weights
+
+        def partial_then_die(model, filepath, *args, **kwargs):
+            if fault.during_write(epoch_now["epoch"]) and "latest" in str(filepath):
+                with open(filepath, "wb") as file:
+                    file.write(b"\x89HDF\r\n\x1a\n partial")
+                fault.end()
+            return save_weights(model, filepath, *args, **kwargs)
+
+        keras.Model.save_weights = partial_then_die
+    return [Probe(), backup_callback,
+            keras.callbacks.ModelCheckpoint(os.path.join(directory, "ckpt-{epoch:02d}.weights.h5"),
+                                            save_weights_only=True),
+            keras.callbacks.ModelCheckpoint(os.path.join(directory, "best.keras"),
+                                            monitor="loss", save_best_only=True)]
+
+
+def stock_saving():
+    """Puts Keras's own saving functions and callbacks back in place."""
+    import keras.callbacks  # noqa: F401  (loads the modules holding the targets)
+    import keras.models  # noqa: F401
+    import keras.saving  # noqa: F401
+
+    from tfdtape import keras3_saving
+    from tfdtape import patching
+    from tfdtape import targets
+    patching.install()  # the targets of the modules just loaded
+    for target in targets.patch_targets():
+        replacement = target.current()
+        code = getattr(replacement, "__code__", None)  # wraps() copied Keras's __module__
+        if code is not None and code.co_filename == keras3_saving.__file__:
+            setattr(target.owner, target.attribute, targets.original_of(replacement))
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("directory")
+    parser.add_argument("--die")
+    parser.add_argument("--per-rank", action="store_true")
+    parser.add_argument("--legacy", action="store_true")
+    parser.add_argument("--stock-saving", action="store_true")
+    arguments = parser.parse_args()
+    keras = tf.keras
+    if arguments.stock_saving:
+        stock_saving()
+    rank, strategy = 0, tf.distribute.get_strategy()
+    if "TF_CONFIG" in os.environ:
+        rank = json.loads(os.environ["TF_CONFIG"])["task"]["index"]
+        strategy = tf.distribute.MultiWorkerMirroredStrategy()
+    fault = Fault(rank, arguments.die)
+    directory = arguments.directory
+    if arguments.per_rank:
+        directory = os.path.join(directory, f"rank-{rank}")
+        os.makedirs(directory, exist_ok=True)
+    epochs_run = []
+    with strategy.scope():
+        model = build(keras)
+    model.fit(FEATURES, LABELS, batch_size=GLOBAL_BATCH, epochs=EPOCHS, shuffle=False,
+              verbose=0, callbacks=callbacks_of(keras, directory, fault, epochs_run))
+    if arguments.legacy and rank != 0:  # TensorFlow's tutorial: tf_keras's save races
+        directory = tempfile.mkdtemp()
+    model.save(os.path.join(directory, "final.keras"))
+    model.save_weights(os.path.join(directory, "final.weights.h5"))
+    if arguments.legacy and rank != 0:
+        shutil.rmtree(directory)
+    if not arguments.legacy:
+        model.export(os.path.join(directory, "exported"), verbose=False)
+    optimizer_variables = model.optimizer.variables
+    if callable(optimizer_variables):  # tf_keras
+        optimizer_variables = optimizer_variables()
+    variables = [*model.weights, *optimizer_variables]
+    print(json.dumps({"rank": rank, "epochs": epochs_run,
+                      "variables": [first_copy(v) for v in variables]}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,369 @@
+"""Keras 3's saving on several workers (tfdtape.keras3_saving): one shared
+directory for the job, the chief's files written once and whole, a killed
+process resumed from the last backup with nothing lost.
+
+The cluster tests launch tests/keras_saving_process.py with `python -m
+tfdtape launch` on loopback: a Keras 3 `fit` with BackupAndRestore and two
+ModelCheckpoints on one directory, then `model.save`, `save_weights` and
+`export`. Against the uninterrupted job (bitwise, every variable of the
+model and the optimizer, every worker) and one device on the global batch.
+Stock TensorFlow cannot run Keras 3's `fit` on several workers at all
+(tests/test_keras_multi_worker.py), so the control is the same job with
+Keras's own saving put back (`--stock-saving`): a chief killed while
+writing its backup leaves a file that fails to load.
+
+The in-process tests check the writes themselves on a stand-in model whose
+strategy spans several workers.
+"""
+
+import json
+import os
+import pathlib
+import subprocess
+import sys
+import types
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import exercise_recorder
+from keras_models import is_keras3
+from tfdtape import keras3_saving
+from tfdtape import testing
+
+SCRIPT = str(pathlib.Path(__file__).parent / "keras_saving_process.py")
+TIMEOUT_SECONDS = 240
+FINAL_FILES = {"best.keras", "ckpt-01.weights.h5", "ckpt-02.weights.h5", "ckpt-03.weights.h5",
+               "ckpt-04.weights.h5", "exported", "final.keras", "final.weights.h5"}
+_found = {}
+
+keras3_only = pytest.mark.skipif(not is_keras3(tf.keras),
+                                 reason="Keras 3's saving (tf.keras is Keras 2)")
+
+
+class Job(types.SimpleNamespace):
+    """A finished launch: its exit status, stderr, and each rank's JSON."""
+
+
+def launch(directory, *arguments, processes=2, restarts=0, env=None):
+    """Runs the script under `tfdtape launch` with TMPDIR in `directory`'s
+    parent; returns a Job."""
+    temporary = pathlib.Path(directory).parent / "tmp"
+    temporary.mkdir(exist_ok=True)
+    environment = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", TMPDIR=str(temporary),
+                       PYTHONPATH=os.pathsep.join([str(pathlib.Path(__file__).parent),
+                                                   os.environ.get("PYTHONPATH", "")]),
+                       **(env or {}))
+    environment.pop("TF_CONFIG", None)
+    recorder = ([str(pathlib.Path(__file__).parent / "recorded_process.py")]
+                if exercise_recorder.ENVIRONMENT in environment else [])
+    completed = subprocess.run(
+        [sys.executable, "-m", "tfdtape", "launch", "-np", str(processes), "--grace", "3",
+         "--max-restarts", str(restarts), sys.executable, *recorder, SCRIPT, str(directory),
+         *arguments],
+        env=environment, capture_output=True, text=True, timeout=TIMEOUT_SECONDS)
+    ranks = {}
+    for line in completed.stdout.splitlines():
+        prefix, _, text = line.partition("<stdout>:")
+        if text.startswith("{"):
+            ranks[int(prefix.strip("[]"))] = json.loads(text)
+    return Job(status=completed.returncode, stderr=completed.stderr, ranks=ranks)
+
+
+def reference(tmp_path_factory, legacy=False):
+    """One process, no strategy, on the global batch: its JSON."""
+    key = ("reference", legacy)
+    if key not in _found:
+        directory = tmp_path_factory.mktemp("reference")
+        completed = subprocess.run(
+            [sys.executable, SCRIPT, str(directory), *(["--legacy"] if legacy else [])],
+            env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3",
+                     TF_USE_LEGACY_KERAS="1" if legacy else "0"),
+            capture_output=True, text=True, timeout=TIMEOUT_SECONDS)
+        assert completed.returncode == 0, completed.stderr[-3000:]
+        _found[key] = json.loads(completed.stdout.splitlines()[-1])
+    return _found[key]
+
+
+def uninterrupted(tmp_path_factory):
+    """The 2-process job on one shared directory, never interrupted."""
+    if "uninterrupted" not in _found:
+        directory = tmp_path_factory.mktemp("uninterrupted") / "job"
+        directory.mkdir()
+        job = launch(directory)
+        assert job.status == 0, job.stderr[-3000:]
+        _found["uninterrupted"] = (directory, job)
+    return _found["uninterrupted"]
+
+
+def assert_finished_like(job, expected, epochs, processes=2):
+    """Every rank ran `epochs` and holds `expected`'s variables, bitwise."""
+    assert job.status == 0, job.stderr[-3000:]
+    assert sorted(job.ranks) == list(range(processes))
+    for rank, result in job.ranks.items():
+        assert result["epochs"] == epochs, rank
+        assert result["variables"] == expected["variables"], rank
+
+
+def assert_close_to(result, expected):
+    for found, wanted in zip(result["variables"], expected["variables"], strict=True):
+        np.testing.assert_allclose(found, wanted, rtol=1e-5, atol=1e-6)
+
+
+def assert_nothing_left(directory, written=None):
+    """`written` (the job's directory) holds the final files only, and
+    nothing of tfdtape's is left in it or in the processes' TMPDIR."""
+    assert set(os.listdir(written or directory)) == FINAL_FILES
+    temporary = pathlib.Path(directory).parent / "tmp"
+    assert [p.name for p in temporary.iterdir() if p.name.startswith("tfdtape-")] == []
+
+
+@keras3_only
+@pytest.mark.cluster
+def test_one_shared_directory_gets_the_chiefs_files_once_and_whole(tmp_path_factory):
+    directory, job = uninterrupted(tmp_path_factory)
+    expected = job.ranks[0]
+    assert_finished_like(job, expected, [0, 1, 2, 3])
+    assert_close_to(expected, reference(tmp_path_factory))
+    assert_nothing_left(directory)
+    import keras
+    model = keras.saving.load_model(directory / "final.keras")
+    weights = [np.asarray(w).tolist() for w in model.weights]
+    assert weights == expected["variables"][:len(weights)]
+    loaded = keras.saving.load_model(directory / "best.keras")
+    loaded.load_weights(directory / "ckpt-04.weights.h5")
+    assert [np.asarray(w).tolist() for w in loaded.weights] == weights
+    loaded.load_weights(directory / "final.weights.h5")
+    assert [np.asarray(w).tolist() for w in loaded.weights] == weights
+    assert (directory / "exported" / "saved_model.pb").is_file()
+
+
+@keras3_only
+@pytest.mark.cluster
+def test_a_worker_ended_mid_epoch_resumes_when_launched_again_by_hand(
+        tmp_path, tmp_path_factory):
+    _, expected = uninterrupted(tmp_path_factory)
+    directory = tmp_path / "job"
+    directory.mkdir()
+    ended = launch(directory, "--die", "1:2:exit")
+    assert ended.status == 3
+    assert ended.ranks == {}
+    metadata = json.loads((directory / "backup" / "training_metadata.json").read_text())
+    assert metadata == {"epoch": 2, "batch": 0}
+    assert sorted(os.listdir(directory / "backup")) == [
+        "latest.weights.h5", "training_metadata.json"]
+    again = launch(directory)
+    assert_finished_like(again, expected.ranks[0], [2, 3])
+    assert_nothing_left(directory)
+
+
+@pytest.mark.per_release
+@keras3_only
+@pytest.mark.cluster
+def test_max_restarts_resumes_a_chief_killed_mid_epoch(tmp_path, tmp_path_factory):
+    _, expected = uninterrupted(tmp_path_factory)
+    directory = tmp_path / "job"
+    directory.mkdir()
+    job = launch(directory, "--die", "0:1:kill", restarts=1)
+    assert "tfdtape launch: rank 0 exited with status 137;" in job.stderr, job.stderr[-3000:]
+    assert "restarting every process (attempt 1 of 1)" in job.stderr
+    assert_finished_like(job, expected.ranks[0], [1, 2, 3])
+    assert_nothing_left(directory)
+
+
+@keras3_only
+@pytest.mark.cluster
+def test_a_chief_killed_while_writing_resumes_from_the_last_whole_backup(
+        tmp_path, tmp_path_factory):
+    _, expected = uninterrupted(tmp_path_factory)
+    directory = tmp_path / "job"
+    directory.mkdir()
+    job = launch(directory, "--die", "0:1:write", restarts=1)
+    # the backup of epoch 1 was never committed: the job resumes at epoch 1
+    assert_finished_like(job, expected.ranks[0], [1, 2, 3])
+    assert_nothing_left(directory)
+
+
+@keras3_only
+@pytest.mark.cluster
+def test_without_tfdtapes_saving_a_chief_killed_while_writing_cannot_resume(tmp_path):
+    # each worker on a directory of its own: Keras's own writes race on a shared one
+    directory = tmp_path / "job"
+    directory.mkdir()
+    job = launch(directory, "--stock-saving", "--per-rank", "--die", "0:1:write", restarts=1)
+    assert job.status == 1
+    assert "restarting every process (attempt 1 of 1)" in job.stderr
+    assert "[0]<stderr>:OSError: Unable to synchronously open file" in job.stderr, \
+        job.stderr[-3000:]
+
+
+@keras3_only
+@pytest.mark.cluster
+def test_workers_on_directories_of_their_own_resume_from_the_chiefs(
+        tmp_path, tmp_path_factory):
+    _, expected = uninterrupted(tmp_path_factory)
+    directory = tmp_path / "job"
+    directory.mkdir()
+    ended = launch(directory, "--per-rank", "--die", "1:2:exit")
+    assert ended.status == 3
+    assert os.listdir(directory / "rank-1") == []  # only the chief writes
+    assert (directory / "rank-0" / "backup" / "latest.weights.h5").is_file()
+    again = launch(directory, "--per-rank")
+    assert_finished_like(again, expected.ranks[0], [2, 3])
+    assert_nothing_left(directory, directory / "rank-0")
+    assert os.listdir(directory / "rank-1") == []
+
+
+@pytest.mark.per_release(False)
+@keras3_only
+@pytest.mark.cluster
+def test_three_workers_resume_a_killed_worker_like_one_device(tmp_path, tmp_path_factory):
+    directory = tmp_path / "job"
+    directory.mkdir()
+    job = launch(directory, "--die", "2:2:kill", processes=3, restarts=1)
+    assert_finished_like(job, job.ranks[0], [2, 3], processes=3)
+    assert_close_to(job.ranks[0], reference(tmp_path_factory))
+    assert_nothing_left(directory)
+
+
+@pytest.mark.cluster
+def test_tf_keras_keeps_its_own_saving_under_tfdtape(tmp_path, tmp_path_factory):
+    directory = tmp_path / "job"
+    directory.mkdir()
+    legacy = {"TF_USE_LEGACY_KERAS": "1"}
+    ended = launch(directory, "--legacy", "--die", "1:2:exit", env=legacy)
+    assert ended.status == 3
+    again = launch(directory, "--legacy", env=legacy)
+    assert again.status == 0, again.stderr[-3000:]
+    assert [again.ranks[rank]["epochs"] for rank in (0, 1)] == [[2, 3], [2, 3]]
+    assert again.ranks[0]["variables"] == again.ranks[1]["variables"]
+    assert_close_to(again.ranks[0], reference(tmp_path_factory, legacy=True))
+    # tf_keras leaves its backup directory empty, on one process too
+    assert set(os.listdir(directory)) == FINAL_FILES - {"exported"} | {"backup"}
+    assert os.listdir(directory / "backup") == []
+
+
+def stand_in(workers, chief=True):
+    """An object with a strategy of `workers` workers, as the saving
+    functions see a model (one worker: not in multi-worker mode)."""
+    extended = types.SimpleNamespace(_in_multi_worker_mode=lambda: workers > 1,
+                                     should_checkpoint=chief)
+    return types.SimpleNamespace(distribute_strategy=types.SimpleNamespace(extended=extended))
+
+
+def writing(content, fail_after=None):
+    """A stand-in for Keras's `save_weights`: writes `content` at the path
+    it gets, or part of it and raises; records the paths."""
+    paths = []
+
+    def save_weights(model, filepath, overwrite=True, max_shard_size=None, **kwargs):
+        paths.append(str(filepath))
+        with open(filepath, "wb") as file:
+            file.write(content[:fail_after])
+        if fail_after is not None:
+            raise OSError("disk full")
+        return "written"
+
+    save_weights.paths = paths
+    return save_weights
+
+
+def test_the_chief_writes_whole_or_leaves_the_last_good_file(tmp_path):
+    target = tmp_path / "model.weights.h5"
+    save = keras3_saving.make_save_weights(writing(b"first"))
+    assert save(stand_in(2), str(target)) == "written"
+    assert target.read_bytes() == b"first"
+    broken = writing(b"second", fail_after=3)
+    with pytest.raises(OSError, match="disk full"):
+        keras3_saving.make_save_weights(broken)(stand_in(2), target)
+    assert broken.paths[0] != str(target)  # staged beside it, never in place
+    assert os.path.dirname(broken.paths[0]) != str(tmp_path)
+    assert target.read_bytes() == b"first"
+    assert os.listdir(tmp_path) == ["model.weights.h5"]
+
+
+def test_the_other_workers_write_nothing_at_the_path_and_leave_nothing(tmp_path):
+    target = tmp_path / "model.weights.h5"
+    save = writing(b"other")
+    assert keras3_saving.make_save_weights(save)(stand_in(2, chief=False), target) == "written"
+    assert os.listdir(tmp_path) == []
+    assert os.path.basename(save.paths[0]) == "model.weights.h5"
+    assert not os.path.exists(os.path.dirname(save.paths[0]))  # its private directory, removed
+
+
+def test_one_worker_and_a_refused_overwrite_write_as_keras_does(tmp_path):
+    target = tmp_path / "model.weights.h5"
+    save = writing(b"one")
+    keras3_saving.make_save_weights(save)(stand_in(1), target)
+    keras3_saving.make_save_weights(save)(stand_in(2), target, overwrite=False)
+    assert save.paths == [str(target), str(target)]  # Keras asks before overwriting
+
+
+def test_a_directory_artifact_replaces_the_last_one_whole(tmp_path):
+    target = tmp_path / "exported"
+    target.mkdir()
+    (target / "old.pb").write_bytes(b"old")
+
+    def export(self, filepath, format="tf_saved_model", verbose=None, input_signature=None,
+               **kwargs):
+        os.makedirs(filepath)
+        pathlib.Path(filepath, "saved_model.pb").write_bytes(b"new")
+
+    keras3_saving.make_export(export)(stand_in(2), str(target))
+    assert os.listdir(target) == ["saved_model.pb"]
+    assert os.listdir(tmp_path) == ["exported"]
+
+
+@pytest.mark.parametrize("staged, kept", [
+    (["latest.weights.h5", "training_metadata.json"], b'{"epoch": 1}'),  # not begun
+    (["training_metadata.json"], b'{"epoch": 2}'),  # weights in place: metadata follows
+    ([], b'{"epoch": 1}'),
+])
+def test_a_commit_a_killed_chief_left_is_finished_or_discarded(tmp_path, staged, kept):
+    (tmp_path / "latest.weights.h5").write_bytes(b"weights")
+    (tmp_path / "training_metadata.json").write_bytes(b'{"epoch": 1}')
+    staging = tmp_path / keras3_saving.STAGING
+    staging.mkdir()
+    for name in staged:
+        (staging / name).write_bytes(b"partial" if name.endswith(".h5") else b'{"epoch": 2}')
+    keras3_saving.finish_commit(str(tmp_path), "latest.weights.h5", "training_metadata.json")
+    assert sorted(os.listdir(tmp_path)) == ["latest.weights.h5", "training_metadata.json"]
+    assert (tmp_path / "training_metadata.json").read_bytes() == kept
+    assert (tmp_path / "latest.weights.h5").read_bytes() == b"weights"
+
+
+def fit_and_save(keras, directory):
+    """A one-process `fit` with the callbacks, then every save: the files'
+    names and the final weights."""
+    model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+    model.compile(optimizer=keras.optimizers.SGD(0.1), loss="mse")
+    x = np.arange(16, dtype=np.float32).reshape(8, 2) / 16
+    callbacks = [keras.callbacks.BackupAndRestore(str(directory / "backup")),
+                 keras.callbacks.ModelCheckpoint(str(directory / "ckpt-{epoch}.weights.h5"),
+                                                 save_weights_only=True),
+                 keras.callbacks.ModelCheckpoint(str(directory / "best.keras"),
+                                                 monitor="loss", save_best_only=True)]
+    model.fit(x, x[:, :1], batch_size=4, epochs=2, shuffle=False, verbose=0,
+              callbacks=callbacks)
+    model.save(directory / "final.keras")
+    keras.saving.save_weights(model, directory / "final.weights.h5")
+    model.export(str(directory / "exported"), verbose=False)
+    loaded = keras.saving.load_model(directory / "final.keras")
+    return sorted(os.listdir(directory)), [np.asarray(w).tolist() for w in loaded.weights]
+
+
+@pytest.mark.per_release
+@keras3_only
+def test_one_worker_saves_exactly_as_stock_keras_does(tmp_path):
+    import keras
+    keras.utils.set_random_seed(3)
+    (tmp_path / "stock").mkdir()
+    with testing.stock():
+        stock = fit_and_save(keras, tmp_path / "stock")
+    keras.utils.set_random_seed(3)
+    (tmp_path / "tfdtape").mkdir()
+    saved = fit_and_save(keras, tmp_path / "tfdtape")
+    assert saved == stock
+    assert saved[0] == ["best.keras", "ckpt-1.weights.h5", "ckpt-2.weights.h5", "exported",
+                        "final.keras", "final.weights.h5"]
