@@ -224,7 +224,7 @@ def devices_main(count):
     return results
 
 
-def job_main(reference, explicit):
+def job_main(reference, explicit, accumulate):
     import tensorflow as tf
 
     import tfdtape  # noqa: F401 (installs)
@@ -232,7 +232,7 @@ def job_main(reference, explicit):
     if reference:
         processes = int(os.environ["JOB_PROCESSES"])
         dataset = tf.data.Dataset.from_tensor_slices((FEATURES, LABELS)).batch(GLOBAL_BATCH)
-        result = train("adam", 2, "sequential", dataset, None, batch_size=None)
+        result = train("adam", accumulate, "sequential", dataset, None, batch_size=None)
         return dict(result, processes=processes)
     if explicit:  # the job as initialize()'s arguments, not TF_CONFIG
         tf_config = json.loads(os.environ.pop("TF_CONFIG"))
@@ -248,7 +248,7 @@ def job_main(reference, explicit):
     if hasattr(distribution, "distribute_dataset"):  # Keras 3.15, not keras-nightly 3.16
         first_share = np.asarray(next(iter(distribution.distribute_dataset(
             tf.data.Dataset.from_tensor_slices(FEATURES).batch(GLOBAL_BATCH))))).tolist()
-    result = train("adam", 2, "sequential", dataset, None, batch_size=None)
+    result = train("adam", accumulate, "sequential", dataset, None, batch_size=None)
     return dict(result, processes=distribution.num_processes,
                 process_id=distribution._process_id, first_share=first_share,
                 keras=keras.__version__)
@@ -260,9 +260,11 @@ def main():
     parser.add_argument("--job", action="store_true")
     parser.add_argument("--reference", action="store_true")
     parser.add_argument("--explicit", action="store_true")
+    parser.add_argument("--accumulate", type=int, default=0)
     arguments = parser.parse_args()
     if arguments.job:
-        result = guarded(lambda: job_main(arguments.reference, arguments.explicit))
+        result = guarded(lambda: job_main(arguments.reference, arguments.explicit,
+                                            arguments.accumulate))
     else:
         result = devices_main(arguments.devices)
     print(json.dumps(result))

@@ -295,28 +295,32 @@ def test_keras_2_has_no_distribution_api_and_nothing_is_patched():
                 if "distribution" in target.symbol]
 
 
-def job(processes, explicit):
+def job(processes, explicit, accumulate):
     """Every process's result of a job of `processes` on loopback, and the
-    one-device reference."""
+    one-device reference (Adam, accumulating `accumulate` steps or none)."""
     env = {"TF_USE_LEGACY_KERAS": "0"}
+    options = ["--accumulate", str(accumulate)]
     found = loopback.run_processes(
         loopback.worker_configs(processes),
-        [SCRIPT, "--job", *(["--explicit"] if explicit else [])], TIME_LIMIT, env=env)
+        [SCRIPT, "--job", *options, *(["--explicit"] if explicit else [])], TIME_LIMIT,
+        env=env)
     (reference,) = loopback.run_processes(
-        [None], [SCRIPT, "--job", "--reference"], TIME_LIMIT,
+        [None], [SCRIPT, "--job", "--reference", *options], TIME_LIMIT,
         env=dict(env, JOB_PROCESSES=str(processes)))
     return found, reference
 
 
 @keras3_only
 @pytest.mark.cluster
-@pytest.mark.parametrize("processes,explicit", [
-    (2, False), pytest.param(3, True, marks=pytest.mark.per_release(False))])
-def test_data_parallel_across_processes_trains_like_one_device(processes, explicit):
+@pytest.mark.parametrize("processes,explicit,accumulate", [
+    (2, False, 0), pytest.param(3, True, 2, marks=pytest.mark.per_release(False))])
+def test_data_parallel_across_processes_trains_like_one_device(processes, explicit, accumulate):
     """initialize() from TF_CONFIG (2 processes) or from its arguments (3):
     each process gets its share of every global batch; every process ends
-    with one device's weights on the global batches, bitwise equal."""
-    found, reference = job(processes, explicit)
+    with one device's weights on the global batches, bitwise equal, after
+    as many optimizer steps (Keras knows each shard's batches: with a shard
+    of unknown length it ran one step more per epoch)."""
+    found, reference = job(processes, explicit, accumulate)
     assert "error" not in reference, reference.get("traceback")
     share = process_script.GLOBAL_BATCH // processes
     features = process_script.FEATURES

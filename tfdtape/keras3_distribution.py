@@ -42,6 +42,7 @@ import sys
 import types
 
 from tensorflow.python.data.experimental.ops import distribute as tf_data_distribute
+from tensorflow.python.data.ops import dataset_ops
 from tensorflow.python.distribute import collective_all_reduce_strategy
 from tensorflow.python.distribute import distribute_lib
 from tensorflow.python.distribute import mirrored_strategy
@@ -51,8 +52,10 @@ from tensorflow.python.eager import context
 from tensorflow.python.framework import config as tf_config
 from tensorflow.python.framework import device as device_lib
 from tensorflow.python.framework import ops
+from tensorflow.python.ops import array_ops
 from tensorflow.python.training import server_lib
 from tensorflow.python.types import distribute as distribute_types
+from tensorflow.python.util import nest
 
 from tfdtape import errors
 from tfdtape import events
@@ -75,6 +78,7 @@ ADAPTER_MODULE = "keras.src.trainers.data_adapters.tf_dataset_adapter"
 `tfdtape.late_imports`)."""
 ADAPTER_ATTRIBUTE = "get_tf_dataset"
 ADAPTER_PARAMETERS = ("self",)
+ADAPTER_INIT = ("__init__", ("self", "dataset", "class_weight", "distribution"))
 _BACKEND_MODULE = "keras.src.backend.config"
 
 
@@ -383,6 +387,46 @@ def make_get_tf_dataset(original):
         return process_batches(job, dataset)
 
     return get_tf_dataset
+
+
+def make_adapter_init(original):
+    """Returns a `TFDatasetAdapter.__init__` that keeps the number of
+    batches of a dataset Keras shards among the job's processes."""
+
+    @functools.wraps(original)
+    def __init__(self, dataset, class_weight=None, distribution=None):
+        """Keras's adapter; where Keras sharded a dataset of N global
+        batches (N known) among the job's processes, this process's shard
+        holds N batches too, padded with empty ones as TensorFlow's
+        partial-batch handling pads a process that runs out. Keras then
+        knows each epoch's steps: with a shard of unknown length it runs one
+        step more per epoch, which fails for want of data but has already
+        counted the optimizer's iteration (Adam's bias correction moves)."""
+        original(self, dataset, class_weight, distribution)
+        sharded = getattr(self, "_dataset", None)
+        if (_state.job is None or distribution is None or sharded is dataset
+                or not getattr(distribution, "_is_multi_process", False)
+                or not isinstance(dataset, dataset_ops.DatasetV2)
+                or not isinstance(sharded, dataset_ops.DatasetV2)):
+            return
+        batches = int(dataset.cardinality())
+        if batches >= 0 and int(sharded.cardinality()) < 0:
+            self._dataset = padded_to(sharded, batches)
+
+    return __init__
+
+
+def padded_to(dataset, batches):
+    """`dataset` (batched, at most `batches` batches) followed by empty
+    batches, `batches` in all: a dataset whose cardinality is known."""
+
+    def empty(spec):
+        shape = [0, *(0 if size is None else size for size in spec.shape[1:])]
+        return array_ops.zeros(shape, spec.dtype)
+
+    nothing = dataset_ops.DatasetV2.from_tensors(
+        nest.map_structure(empty, dataset.element_spec)).repeat()
+    return dataset.concatenate(nothing).take(batches)
 
 
 def _is_distributed_dataset(value):

@@ -453,6 +453,8 @@ def _keras_distribution_targets():
         table.append(PatchTarget(adapter, keras3_distribution.ADAPTER_ATTRIBUTE,
                                  keras3_distribution.ADAPTER_PARAMETERS,
                                  keras3_distribution.make_get_tf_dataset, required=False))
+        table.append(PatchTarget(adapter, *keras3_distribution.ADAPTER_INIT,
+                                 keras3_distribution.make_adapter_init, required=False))
     return table
 
 
