@@ -168,12 +168,26 @@ def refusal_cases(distribution):
             lambda: distribution.DataParallel(devices=["cpu:0", "gpu:7"]),
             "a Keras distribution over devices this process does not have "
             "(keras.distribution.DataParallel): expected devices among"),
+        "no_device_name": (
+            lambda: distribution.DataParallel(devices=["banana"]),
+            "a Keras distribution over devices this process does not have "
+            "(keras.distribution.DataParallel): expected devices among"),
+        "device_twice": (
+            lambda: distribution.DataParallel(devices=["cpu:0", "cpu:0"]),
+            "a Keras distribution naming a device twice (keras.distribution.DataParallel): "
+            "expected devices among"),
+        "not_a_distribution": (
+            lambda: "cpu:0",
+            "a Keras distribution TensorFlow cannot train (keras.distribution.str): "
+            "expected keras.distribution.DataParallel, found str (not a "
+            "keras.distribution.Distribution)"),
     }
 
 
 @keras3_only
 @pytest.mark.filterwarnings("ignore:Expect the input mesh to be 1D")
-@pytest.mark.parametrize("case", ["model_parallel", "two_axis_mesh", "missing_device"])
+@pytest.mark.parametrize("case", ["model_parallel", "two_axis_mesh", "missing_device",
+                                  "no_device_name", "device_twice", "not_a_distribution"])
 def test_what_tensorflow_cannot_train_is_refused_where_it_is_set(
         keras_distribution, configuration, case):
     make, message = refusal_cases(keras_distribution)[case]
@@ -190,6 +204,8 @@ def test_what_tensorflow_cannot_train_is_refused_where_it_is_set(
     assert f"in TensorFlow {tf.__version__}." in str(raised.value)
     assert keras_distribution.distribution() is None
     assert not tf.distribute.has_strategy()
+    if isinstance(value, str):
+        return  # no scope() to try
     with pytest.raises(ValueError):  # through scope() too
         with value.scope():
             pass

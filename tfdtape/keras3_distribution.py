@@ -199,11 +199,15 @@ def strategy_for(distribution):
         ValueError: a distribution TensorFlow's engine cannot train here.
     """
     name = type(distribution).__name__
-    data_parallel = vars(defining_module()).get("DataParallel")
-    if not isinstance(distribution, data_parallel):
+    module = vars(defining_module())
+    if not isinstance(distribution, module["DataParallel"]):
+        what = ("variables laid out across devices"
+                if isinstance(distribution, module.get("ModelParallel", ()))
+                else "another Distribution" if isinstance(distribution, module["Distribution"])
+                else "not a keras.distribution.Distribution")
         raise _refuse("a Keras distribution TensorFlow cannot train",
                       f"keras.distribution.{name}", "keras.distribution.DataParallel",
-                      f"{name} (variables laid out across devices)", _WHAT_WORKS)
+                      f"{name} ({what})", _WHAT_WORKS)
     mesh = distribution.device_mesh
     if len(mesh.shape) != 1:
         raise _refuse("a Keras distribution TensorFlow cannot train",
@@ -273,11 +277,15 @@ def canonical_devices(names):
     local = {_full_name(device.name) for device in tf_config.list_logical_devices()}
     found = []
     for name in names:
-        full = _full_name(name if name.startswith("/") else f"/{name}")
-        if full not in local:
+        try:
+            full = _full_name(name if name.startswith("/") else f"/{name}")
+        except ValueError:  # not a device name at all
+            full = None
+        if full not in local or full in found:
             raise _refuse("a Keras distribution over devices this process does not "
-                          "have", "keras.distribution.DataParallel",
-                          f"devices among {sorted(local)}", repr(name),
+                          "have" if full not in local else "a Keras distribution naming "
+                          "a device twice", "keras.distribution.DataParallel",
+                          f"devices among {sorted(local)}, each once", repr(name),
                           "Use keras.distribution.list_devices()")
         found.append(full)
     return tuple(found)
