@@ -103,7 +103,6 @@ def test_a_tape_must_be_a_tape(alone):
     lambda: hvd.start_timeline("/tmp/t.json"),
     lambda: hvd.add_process_set([0]),
     lambda: hvd.allreduce(tf.constant(1.0), process_set=object()),
-    lambda: hvd.elastic.run,
     lambda: hvd.SyncBatchNormalization(),
     lambda: hvd.init(comm=[0, 1]),
 ])
@@ -705,3 +704,97 @@ def test_the_refusal_names_what_each_process_issued(alone, monkeypatch):
     dtypes = np.stack([negotiation.describe("allreduce", [tf.ones([2], dtype)]).numpy()
                        for dtype in (tf.float32, tf.int64)])
     assert negotiation._found(field("dtypes"), dtypes) == "process 0: float32, process 1: int64"
+
+
+def elastic_job(form, tmp_path, fail=None):
+    """Each rank's JSON of elastic_training.py FORM on 2 processes under
+    --max-restarts 1 (with FAIL=RANK:EPOCH: that rank ends on the first
+    attempt), and the launcher's stderr."""
+    environment = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", **({"FAIL": fail} if fail else {}))
+    environment.pop("TF_CONFIG", None)
+    completed = subprocess.run(
+        [sys.executable, "-m", "tfdtape", "launch", "-np", "2", "--grace", "3",
+         "--max-restarts", "1", sys.executable, str(SCRIPTS / "elastic_training.py"), form],
+        capture_output=True, text=True, env=environment, timeout=300)
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    found = {}
+    for line in completed.stdout.splitlines():
+        prefix, _, text = line.partition("<stdout>:")
+        if text.startswith("{"):
+            found[int(prefix.strip("[]"))] = json.loads(text)
+    return found, completed.stderr
+
+
+@pytest.mark.cluster
+@pytest.mark.parametrize("form", ["fit", pytest.param("loop", marks=pytest.mark.per_release)])
+def test_elastic_run_resumes_a_restarted_job_from_its_last_commit(form, tmp_path):
+    """Horovod's elastic Keras example (fit) and a custom loop, each
+    committing every epoch: rank 1 ends in epoch 2, the launcher restarts
+    the job, every rank resumes from the commit of epoch 1 (the reset
+    callbacks run once) and ends with the uninterrupted job's variables,
+    bitwise. The loop is one device on the global batches (the example's
+    first `fit` step, before the state is made, averages gradients of each
+    rank's own weights)."""
+    uninterrupted, _ = elastic_job(form, tmp_path)
+    restarted, stderr = elastic_job(form, tmp_path, fail="1:2")
+    assert "tfdtape launch: rank 1 exited with status 3;" in stderr
+    assert "restarting every process (attempt 1 of 1)" in stderr
+    for rank in (0, 1):
+        assert uninterrupted[rank]["epochs"] == [0, 1, 2, 3]
+        assert (restarted[rank]["epochs"], restarted[rank]["resets"]) == ([2, 3], 1)
+        assert restarted[rank]["variables"] == uninterrupted[0]["variables"]
+        assert uninterrupted[rank]["variables"] == uninterrupted[0]["variables"]
+    if form == "fit":
+        return
+    alone = subprocess.run(
+        [sys.executable, str(SCRIPTS / "elastic_training.py"), form],
+        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", AS_JOB_OF="2",
+                 TFDTAPE_LAUNCH_DIR=str(tmp_path)),
+        capture_output=True, text=True, timeout=300)
+    assert alone.returncode == 0, alone.stderr[-3000:]
+    reference = json.loads(alone.stdout.splitlines()[-1])
+    for found, wanted in zip(uninterrupted[0]["variables"], reference["variables"],
+                             strict=True):
+        np.testing.assert_allclose(found, wanted, rtol=1e-5, atol=1e-6)
+
+
+def test_an_elastic_commit_is_written_whole_and_run_resumes_from_it(
+        alone, monkeypatch, tmp_path):
+    monkeypatch.setenv("TFDTAPE_LAUNCH_DIR", str(tmp_path))
+    monkeypatch.setenv("TFDTAPE_RESTART_COUNT", "1")
+    variable = tf.Variable([1.0, 2.0])
+    state = hvd.elastic.TensorFlowState([variable], epoch=0, seen=[])
+    resets = []
+    state.register_reset_callbacks([lambda: resets.append(state.epoch)])
+    state.epoch, state.seen = 3, ["a"]
+    variable.assign([5.0, 6.0])
+    state.commit()
+    assert [path.name for path in tmp_path.iterdir()] == [state._file_name]
+    state.epoch, state.seen = 4, ["a", "b"]
+    variable.assign([7.0, 8.0])
+    state.restore()  # the last save, in memory
+    assert (state.epoch, state.seen, variable.numpy().tolist()) == (3, ["a"], [5.0, 6.0])
+    state.epoch = 9
+    variable.assign([0.0, 0.0])
+
+    @hvd.elastic.run
+    def train(state, more):
+        return state.epoch, state.seen, variable.numpy().tolist(), more
+
+    assert train(state, "x") == (3, ["a"], [5.0, 6.0], "x")  # the commit, put back
+    assert resets == [3]  # a restarted attempt: after the commit is in place
+
+
+def test_elastic_state_refuses_what_a_restarting_job_cannot_keep(alone, monkeypatch):
+    monkeypatch.delenv("TFDTAPE_LAUNCH_DIR", raising=False)
+    state = hvd.elastic.ObjectState(epoch=0)
+    with pytest.raises(RuntimeError, match="Horovod's elastic state has nowhere to keep its "
+                                           "commits.*--max-restarts N"):
+        hvd.elastic.run(lambda state: None)(state)
+    with pytest.raises(NotImplementedError, match="TensorFlowState of a TensorFlow 1 session"):
+        hvd.elastic.TensorFlowState([tf.Variable(1.0)], session=object())
+    with pytest.raises(NotImplementedError, match="Pass the variables to keep"):
+        hvd.elastic.TensorFlowState()
+    variables = hvd.elastic.TensorFlowState([tf.Variable(1.0)])
+    with pytest.raises(ValueError, match="the elastic state's commit does not fit"):
+        variables._resume({"objects": {}, "variables": [1.0, 2.0]})

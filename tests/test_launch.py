@@ -217,6 +217,12 @@ def test_a_process_that_ignores_sigterm_is_killed_after_the_grace():
     (("-np", "2", "--grace", "-1", "python"),
      "launch: --grace needs seconds (0 or more), found '-1'"),
     (("-np", "2", "--bogus", "python"), "launch: unknown option --bogus"),
+    (("-np", "2", "--min-np", "1", "python"),
+     "launch: --min-np (a job whose number of processes changes) is not supported: "
+     "TensorFlow's collectives fix a job's processes when they start. Use -np N with "
+     "--max-restarts K"),
+    (("--host-discovery-script=./hosts.sh", "-np", "2", "python"),
+     "launch: --host-discovery-script (a job whose number of processes changes)"),
     (("-np", "2", "--max-restarts", "-1", "python"),
      "launch: --max-restarts needs a whole number of at least 0, found '-1'"),
     (("-np", "2", "-H", "a:1,b:1", "--host-index", "0", "--max-restarts", "1", "python"),

@@ -86,6 +86,12 @@ _VALUED = {"-np": "processes", "--num-proc": "processes", "-H": "hosts",
            "--grace": "grace", "--max-restarts": "max_restarts"}
 
 
+_ELASTIC = ("--min-np", "--min-num-proc", "--max-np", "--max-num-proc",
+            "--host-discovery-script", "--slots-per-host", "--elastic-timeout",
+            "--reset-limit", "--blacklist-cooldown-range")
+"""horovodrun's options for a job whose number of processes changes."""
+
+
 def parse(argv):
     """Options from `argv` (the arguments after `launch`).
 
@@ -99,6 +105,12 @@ def parse(argv):
         option = argv[index]
         if option in ("-h", "--help"):
             raise HelpRequested()
+        if option.split("=")[0] in _ELASTIC:
+            raise command_line.UsageError(
+                f"launch: {option.split('=')[0]} (a job whose number of processes changes) "
+                "is not supported: TensorFlow's collectives fix a job's processes when "
+                "they start. Use -np N with --max-restarts K: every process starts "
+                "again after a failure, and hvd.elastic.run resumes from the last commit")
         if option not in _VALUED:
             raise command_line.UsageError(f"launch: unknown option {option}\n{usage()}")
         if index + 1 >= len(argv):

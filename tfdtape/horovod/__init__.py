@@ -6,11 +6,13 @@ The engine is `basics` (the job, from the launcher's TF_CONFIG, a
 TF_CONFIG of your own, or a Slurm allocation) and `collectives`
 (TensorFlow's), the operations are `ops` (each checked across the processes
 by `negotiation`, fused by `fusion`), the tapes are `tape` and the Keras side `keras`
-(both wrapped as Horovod wraps, `wrapping`). What Horovod has and this does
+(both wrapped as Horovod wraps, `wrapping`), and `elastic` Horovod's elastic
+API on a job that restarts (`tfdtape launch --max-restarts`). What Horovod has and this does
 not raises NotImplementedError naming the alternative (`unsupported`).
 docs/horovod.md maps one to the other.
 """
 
+from tfdtape.horovod import elastic
 from tfdtape.horovod.basics import ccl_built
 from tfdtape.horovod.basics import cross_rank
 from tfdtape.horovod.basics import cross_size
@@ -68,16 +70,6 @@ add_process_set = _refusing("process_sets")
 remove_process_set = _refusing("process_sets")
 SyncBatchNormalization = _refusing("SyncBatchNormalization")
 
-
-class _Elastic:
-    """hvd.elastic: refused on any use."""
-
-    def __getattr__(self, name):
-        from tfdtape.horovod import unsupported
-        unsupported.refuse("elastic")
-
-
-elastic = _Elastic()
 
 __all__ = [
     "Adasum",

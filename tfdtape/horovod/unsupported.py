@@ -12,11 +12,6 @@ ALTERNATIVES = {
         "the Adasum reduction",
         "hvd.Average, hvd.Sum, hvd.Min, hvd.Max or hvd.Product",
         "use op=hvd.Average (Horovod's default)"),
-    "elastic": (
-        "elastic training (hvd.elastic)",
-        "a job of fixed size",
-        "restart the job from a checkpoint with tf.train.CheckpointManager, or "
-        "use tf.distribute's fault tolerance (BackupAndRestore)"),
     "timeline": (
         "Horovod's timeline",
         "TensorFlow's profiler",

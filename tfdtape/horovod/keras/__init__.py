@@ -1,9 +1,12 @@
 """Horovod's Keras API (`horovod.tensorflow.keras`, `horovod.keras`) for
 Keras 3 and tf_keras: `DistributedOptimizer` (`optimizer`), the callbacks
-(`callbacks`), `load_model`, and the collectives with the Keras module's
-signatures (`allreduce(value, name, average, ...)`), with the basics of
-`tfdtape.horovod` under the same names.
+(`callbacks`), `load_model`, `elastic` (Horovod's elastic Keras API), and
+the collectives with the Keras module's signatures (`allreduce(value,
+name, average, ...)`), with the basics of `tfdtape.horovod` under the same
+names.
 """
+
+import importlib
 
 import tensorflow as tf
 
@@ -12,6 +15,9 @@ from tfdtape.horovod import compression as compression_lib
 from tfdtape.horovod import ops
 from tfdtape.horovod.keras import callbacks  # noqa: F401 (hvd.callbacks.X, as Horovod)
 from tfdtape.horovod.keras.optimizer import DistributedOptimizer
+
+# hvd.elastic is Keras's here, as in Horovod (the star import bound the other)
+elastic = importlib.import_module("tfdtape.horovod.keras.elastic")
 
 
 def allreduce(value, name=None, average=None, prescale_factor=1.0, postscale_factor=1.0,
