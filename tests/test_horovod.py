@@ -717,16 +717,12 @@ def elastic_job(form, tmp_path, fail=None):
          "--max-restarts", "1", sys.executable, str(SCRIPTS / "elastic_training.py"), form],
         capture_output=True, text=True, env=environment, timeout=300)
     assert completed.returncode == 0, completed.stderr[-3000:]
-    found = {}
-    for line in completed.stdout.splitlines():
-        prefix, _, text = line.partition("<stdout>:")
-        if text.startswith("{"):
-            found[int(prefix.strip("[]"))] = json.loads(text)
-    return found, completed.stderr
+    return outputs_of_json(completed.stdout), completed.stderr
 
 
+@pytest.mark.per_release(False)
 @pytest.mark.cluster
-@pytest.mark.parametrize("form", ["fit", pytest.param("loop", marks=pytest.mark.per_release)])
+@pytest.mark.parametrize("form", ["fit", "loop"])
 def test_elastic_run_resumes_a_restarted_job_from_its_last_commit(form, tmp_path):
     """Horovod's elastic Keras example (fit) and a custom loop, each
     committing every epoch: rank 1 ends in epoch 2, the launcher restarts
@@ -798,3 +794,45 @@ def test_elastic_state_refuses_what_a_restarting_job_cannot_keep(alone, monkeypa
     variables = hvd.elastic.TensorFlowState([tf.Variable(1.0)])
     with pytest.raises(ValueError, match="the elastic state's commit does not fit"):
         variables._resume({"objects": {}, "variables": [1.0, 2.0]})
+
+
+def checkpointed_job(directory, fail=None):
+    """Each rank's JSON of checkpoint_resume.py on 2 processes under
+    --max-restarts 1, and the launcher's stderr."""
+    environment = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", **({"FAIL": fail} if fail else {}))
+    environment.pop("TF_CONFIG", None)
+    completed = subprocess.run(
+        [sys.executable, "-m", "tfdtape", "launch", "-np", "2", "--grace", "3",
+         "--max-restarts", "1", sys.executable, str(SCRIPTS / "checkpoint_resume.py"),
+         str(directory)], capture_output=True, text=True, env=environment, timeout=300)
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    return outputs_of_json(completed.stdout), completed.stderr
+
+
+def outputs_of_json(stdout):
+    found = {}
+    for line in stdout.splitlines():
+        prefix, _, text = line.partition("<stdout>:")
+        if text.startswith("{"):
+            found[int(prefix.strip("[]"))] = json.loads(text)
+    return found
+
+
+@pytest.mark.per_release(False)
+@pytest.mark.cluster
+def test_horovods_checkpoint_on_rank_0_resumes_a_restarted_job(tmp_path):
+    """keras_mnist_advanced.py's way: rank 0 checkpoints every epoch; after
+    rank 1 ends in epoch 2 the restarted job finds epoch 2's checkpoint,
+    rank 0 loads it (the optimizer's state too) and hands it out, and every
+    rank ends with the uninterrupted job's variables, bitwise."""
+    (tmp_path / "whole").mkdir()
+    (tmp_path / "restarted").mkdir()
+    uninterrupted, _ = checkpointed_job(tmp_path / "whole")
+    restarted, stderr = checkpointed_job(tmp_path / "restarted", fail="1:2")
+    assert "restarting every process (attempt 1 of 1)" in stderr
+    for rank in (0, 1):
+        assert uninterrupted[rank]["epochs"] == [0, 1, 2, 3]
+        assert restarted[rank]["epochs"] == [2, 3]
+        assert restarted[rank]["variables"] == uninterrupted[0]["variables"]
+    assert sorted(os.listdir(tmp_path / "restarted")) == [
+        f"checkpoint-{epoch}.keras" for epoch in (1, 2, 3, 4)]

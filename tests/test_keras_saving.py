@@ -5,7 +5,8 @@ process resumed from the last backup with nothing lost.
 The cluster tests launch tests/keras_saving_process.py with `python -m
 tfdtape launch` on loopback: a Keras 3 `fit` with BackupAndRestore and two
 ModelCheckpoints on one directory, then `model.save`, `save_weights` and
-`export`. Against the uninterrupted job (bitwise, every variable of the
+`export`. Launched again by hand and restarted by `--max-restarts`.
+Against the uninterrupted job (bitwise, every variable of the
 model and the optimizer, every worker) and one device on the global batch.
 Stock TensorFlow cannot run Keras 3's `fit` on several workers at all
 (tests/test_keras_multi_worker.py), so the control is the same job with
@@ -141,26 +142,6 @@ def test_one_shared_directory_gets_the_chiefs_files_once_and_whole(tmp_path_fact
 
 @keras3_only
 @pytest.mark.cluster
-def test_a_worker_ended_mid_epoch_resumes_when_launched_again_by_hand(
-        tmp_path, tmp_path_factory):
-    _, expected = uninterrupted(tmp_path_factory)
-    directory = tmp_path / "job"
-    directory.mkdir()
-    ended = launch(directory, "--die", "1:2:exit")
-    assert ended.status == 3
-    assert ended.ranks == {}
-    metadata = json.loads((directory / "backup" / "training_metadata.json").read_text())
-    assert metadata == {"epoch": 2, "batch": 0}
-    assert sorted(os.listdir(directory / "backup")) == [
-        "latest.weights.h5", "training_metadata.json"]
-    again = launch(directory)
-    assert_finished_like(again, expected.ranks[0], [2, 3])
-    assert_nothing_left(directory)
-
-
-@pytest.mark.per_release
-@keras3_only
-@pytest.mark.cluster
 def test_max_restarts_resumes_a_chief_killed_mid_epoch(tmp_path, tmp_path_factory):
     _, expected = uninterrupted(tmp_path_factory)
     directory = tmp_path / "job"
@@ -200,16 +181,20 @@ def test_without_tfdtapes_saving_a_chief_killed_while_writing_cannot_resume(tmp_
 
 @keras3_only
 @pytest.mark.cluster
-def test_workers_on_directories_of_their_own_resume_from_the_chiefs(
+def test_workers_on_directories_of_their_own_resume_from_the_chiefs_when_launched_again(
         tmp_path, tmp_path_factory):
     _, expected = uninterrupted(tmp_path_factory)
     directory = tmp_path / "job"
     directory.mkdir()
     ended = launch(directory, "--per-rank", "--die", "1:2:exit")
     assert ended.status == 3
+    assert ended.ranks == {}
     assert os.listdir(directory / "rank-1") == []  # only the chief writes
-    assert (directory / "rank-0" / "backup" / "latest.weights.h5").is_file()
-    again = launch(directory, "--per-rank")
+    backup = directory / "rank-0" / "backup"
+    assert sorted(os.listdir(backup)) == ["latest.weights.h5", "training_metadata.json"]
+    metadata = json.loads((backup / "training_metadata.json").read_text())
+    assert metadata == {"epoch": 2, "batch": 0}
+    again = launch(directory, "--per-rank")  # by hand
     assert_finished_like(again, expected.ranks[0], [2, 3])
     assert_nothing_left(directory, directory / "rank-0")
     assert os.listdir(directory / "rank-1") == []

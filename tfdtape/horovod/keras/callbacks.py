@@ -27,11 +27,13 @@ def _set_learning_rate(optimizer, value):
 
 
 class BroadcastGlobalVariablesCallback(_callback_base()):
-    """Broadcasts the model's and optimizer's variables from `root_rank` at
-    the start of training and once more after the first batch (when the
-    optimizer's own variables exist), so every process starts from
-    `root_rank`'s weights; but for `local_variables`, which each process
-    keeps."""
+    """Broadcasts the model's variables from `root_rank` at the start of
+    training (where the model is built by then), and the model's and the
+    optimizer's after the first batch, as Horovod does (the optimizer's own
+    variables exist then on every process, and a process that loaded a
+    checkpoint's optimizer state hands it out), so every process trains
+    from `root_rank`'s weights; but for `local_variables`, which each
+    process keeps."""
 
     def __init__(self, root_rank, device="", local_variables=None):
         super().__init__()
@@ -39,10 +41,10 @@ class BroadcastGlobalVariablesCallback(_callback_base()):
         self.local_variables = list(local_variables or ())
         self.broadcast_done = False
 
-    def _broadcast(self):
+    def _broadcast(self, with_optimizer):
         variables = list(self.model.variables)
         optimizer = getattr(self.model, "optimizer", None)
-        if optimizer is not None:
+        if optimizer is not None and with_optimizer:
             variables += list(optimizer.variables() if callable(optimizer.variables)
                               else optimizer.variables)
         kept = {id(variable) for variable in self.local_variables}
@@ -50,11 +52,12 @@ class BroadcastGlobalVariablesCallback(_callback_base()):
                                  if id(variable) not in kept], self.root_rank)
 
     def on_train_begin(self, logs=None):
-        self._broadcast()
+        if getattr(self.model, "built", True):
+            self._broadcast(with_optimizer=False)
 
     def on_batch_end(self, batch, logs=None):
         if not self.broadcast_done:
-            self._broadcast()
+            self._broadcast(with_optimizer=True)
             self.broadcast_done = True
 
 

@@ -1,0 +1,79 @@
+"""Run under `tfdtape launch -np N [--max-restarts K]` with a directory:
+Horovod's keras_mnist_advanced.py way of surviving a restart. Rank 0 alone
+checkpoints the whole model every epoch (ModelCheckpoint); at start rank 0
+looks for the last checkpoint, `hvd.broadcast` tells every rank its epoch,
+rank 0 resumes with `hvd.load_model` (the optimizer's state too), the
+others build the model afresh, and BroadcastGlobalVariablesCallback hands
+out rank 0's variables. With FAIL=RANK:EPOCH, on the launch's first attempt
+process RANK ends with os._exit(3) as batch 1 of epoch EPOCH begins.
+Prints one JSON object: the rank, the epochs this attempt ran, every model
+and optimizer variable.
+"""
+
+import json
+import os
+import sys
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+import numpy as np
+import tensorflow as tf
+
+import tfdtape.horovod.keras as hvd
+
+EPOCHS = 4
+BATCHES = 4
+ROWS = 6
+
+hvd.init()
+directory = sys.argv[1]
+checkpoint_format = os.path.join(directory, "checkpoint-{epoch}.keras")
+rank, size = hvd.rank(), hvd.size()
+rng = np.random.default_rng(4)
+features = rng.normal(size=(BATCHES * ROWS * size, 3)).astype(np.float32)
+labels = features @ np.array([[1.0], [-2.0], [0.5]], np.float32) + 1.0
+mine = np.concatenate([np.arange(b * ROWS * size + rank * ROWS, b * ROWS * size + (rank + 1) * ROWS)
+                       for b in range(BATCHES)])
+failing = os.environ.get("FAIL") if os.environ.get("TFDTAPE_RESTART_COUNT") == "0" else None
+fail_rank, fail_epoch = map(int, failing.split(":")) if failing else (None, None)
+
+resume_from_epoch = 0
+for try_epoch in range(EPOCHS, 0, -1):
+    if os.path.exists(checkpoint_format.format(epoch=try_epoch)):
+        resume_from_epoch = try_epoch
+        break
+resume_from_epoch = int(hvd.broadcast(resume_from_epoch, 0, name="resume_from_epoch"))
+keras = tf.keras
+if resume_from_epoch > 0 and rank == 0:
+    model = hvd.load_model(checkpoint_format.format(epoch=resume_from_epoch))
+else:
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(4, activation="tanh"),
+                              keras.layers.Dense(1)])
+    for index, weight in enumerate(model.weights):
+        weight.assign(tf.random.stateless_normal(weight.shape, seed=(rank, index)))
+    model.compile(optimizer=hvd.DistributedOptimizer(keras.optimizers.SGD(0.05, momentum=0.9)),
+                  loss="mse")
+epochs_run = []
+
+
+class Probe(keras.callbacks.Callback):
+    def on_epoch_begin(self, epoch, logs=None):
+        epochs_run.append(epoch)
+        self.epoch = epoch
+
+    def on_train_batch_begin(self, batch, logs=None):
+        if rank == fail_rank and self.epoch == fail_epoch and batch == 1:
+            sys.stdout.flush()
+            os._exit(3)
+
+
+callbacks = [Probe(), hvd.callbacks.BroadcastGlobalVariablesCallback(0),
+             hvd.callbacks.MetricAverageCallback()]
+if rank == 0:
+    callbacks.append(keras.callbacks.ModelCheckpoint(checkpoint_format))
+model.fit(features[mine], labels[mine], batch_size=ROWS, shuffle=False, callbacks=callbacks,
+          epochs=EPOCHS, initial_epoch=resume_from_epoch, verbose=0)
+optimizer_variables = model.optimizer.variables
+optimizer_variables = optimizer_variables() if callable(optimizer_variables) else \
+    optimizer_variables
+print(json.dumps({"rank": rank, "epochs": epochs_run, "variables": [
+    np.asarray(v).tolist() for v in [*model.variables, *optimizer_variables]]}))
