@@ -20,6 +20,7 @@ strategy spans several workers.
 import json
 import os
 import pathlib
+import socket
 import subprocess
 import sys
 import types
@@ -352,3 +353,59 @@ def test_one_worker_saves_exactly_as_stock_keras_does(tmp_path):
     assert saved == stock
     assert saved[0] == ["best.keras", "ckpt-1.weights.h5", "ckpt-2.weights.h5", "exported",
                         "final.keras", "final.weights.h5"]
+
+
+def dead_process_id():
+    finished = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                              capture_output=True, text=True, check=True)
+    return int(finished.stdout)
+
+
+def test_what_a_killed_writer_left_is_removed_at_the_next_write(tmp_path):
+    host = socket.gethostname()
+    dead = tmp_path / f".tfdtape-staging-{host}-{dead_process_id()}-abc"
+    alive = tmp_path / f".tfdtape-staging-{host}-{os.getppid()}-abc"
+    for left in (dead, alive):
+        left.mkdir()
+        (left / "model.weights.h5").write_bytes(b"partial")
+    keras3_saving.make_save_weights(writing(b"whole"))(stand_in(2), tmp_path / "model.weights.h5")
+    assert sorted(os.listdir(tmp_path)) == [alive.name, "model.weights.h5"]
+
+
+def test_every_worker_stops_where_keras_stops(tmp_path):
+    missing = tmp_path / "no" / "such" / "model.weights.h5"
+    for chief in (True, False):
+        save = writing(b"x")
+        with pytest.raises(FileNotFoundError):
+            keras3_saving.make_save_weights(save)(stand_in(2, chief), missing)
+        assert save.paths == [str(missing)]
+    (tmp_path / "exported").write_bytes(b"a file where a directory goes")
+
+    def export(self, filepath, format="tf_saved_model", verbose=None, input_signature=None,
+               **kwargs):
+        os.makedirs(filepath)
+
+    for chief in (True, False):
+        with pytest.raises(NotADirectoryError):
+            keras3_saving.make_export(export)(stand_in(2, chief), str(tmp_path / "exported"))
+    assert (tmp_path / "exported").read_bytes() == b"a file where a directory goes"
+
+
+def test_a_remote_save_is_unzipped_on_every_worker_as_keras_decides_it(tmp_path):
+    calls = []
+
+    def save_model(model, filepath, overwrite=True, zipped=None, **kwargs):
+        calls.append((os.path.basename(filepath), zipped))
+
+    for chief in (True, False):
+        keras3_saving.make_save_model(save_model)(stand_in(2, chief), "hf://user/repo")
+    assert calls == [("repo", False), ("repo", False)]
+
+
+def test_a_backup_copy_keeps_the_files_mode(tmp_path):
+    source = tmp_path / "latest.weights.h5"
+    source.write_bytes(b"weights")
+    source.chmod(0o644)
+    keras3_saving._copied_whole(str(source), str(tmp_path / "latest.weights.h5.bkp"))
+    assert (tmp_path / "latest.weights.h5.bkp").stat().st_mode & 0o777 == 0o644
+    assert sorted(os.listdir(tmp_path)) == ["latest.weights.h5", "latest.weights.h5.bkp"]

@@ -29,9 +29,11 @@ here.
 """
 
 import contextlib
+import errno
 import functools
 import os
 import shutil
+import socket
 import sys
 import tempfile
 import threading
@@ -107,10 +109,39 @@ def _placed():
         _placement.active = before
 
 
+def _prefix(kind):
+    """The name prefix of this process's `kind` of temporary directory:
+    the host and the process id say whose it is (`_remove_stale`)."""
+    return f"{kind}-{socket.gethostname()}-{os.getpid()}-"
+
+
+def _remove_stale(parent, kind):
+    """Removes the `kind` directories in `parent` that processes of this
+    host no longer running left (killed while writing)."""
+    start = f"{kind}-{socket.gethostname()}-"
+    for name in os.listdir(parent):
+        owner = name[len(start):].split("-", 1)[0]
+        if not name.startswith(start) or not owner.isdigit():
+            continue
+        try:
+            os.kill(int(owner), 0)
+        except ProcessLookupError:
+            path = os.path.join(parent, name)
+            if os.path.isdir(path):
+                shutil.rmtree(path, ignore_errors=True)
+            else:
+                os.remove(path)
+        except PermissionError:
+            pass  # another user's process, alive
+
+
 @contextlib.contextmanager
 def _private_directory(purpose):
-    """A temporary directory of this process, removed with what is in it."""
-    directory = tempfile.mkdtemp(prefix=f"tfdtape-{purpose}-")
+    """A temporary directory of this process, removed with what is in it
+    (and those of processes killed before they removed theirs)."""
+    kind = f"tfdtape-{purpose}"
+    _remove_stale(tempfile.gettempdir(), kind)
+    directory = tempfile.mkdtemp(prefix=_prefix(kind))
     try:
         yield directory
     finally:
@@ -141,6 +172,16 @@ def _synced_tree(path):
         _synced(root)
 
 
+def _check_replaceable(source, destination):
+    """Raises what renaming `source` over `destination` raises where one
+    is a directory and the other a file."""
+    if os.path.lexists(destination) and os.path.isdir(source) != os.path.isdir(destination):
+        kind = IsADirectoryError if os.path.isdir(destination) else NotADirectoryError
+        raise kind(errno.EISDIR if kind is IsADirectoryError else errno.ENOTDIR,
+                   os.strerror(errno.EISDIR if kind is IsADirectoryError else errno.ENOTDIR),
+                   destination)
+
+
 def _put(source, destination, spare):
     """Renames `source` to `destination`, a directory over a directory too
     (the one it replaces goes to `spare`, for the caller to remove)."""
@@ -151,23 +192,35 @@ def _put(source, destination, spare):
 
 def _written(model, filepath, overwrite, write):
     """What `write(path)` returns, written where a worker of `model`'s job
-    should write `filepath` (see the module's docstring)."""
+    should write `filepath` (see the module's docstring). Where Keras
+    itself would stop (a missing directory, an overwrite to confirm) every
+    worker calls Keras with `filepath`, so every worker stops alike."""
     strategy = job_strategy(model)
     if (strategy is None or getattr(_placement, "active", False)
             or not isinstance(filepath, (str, os.PathLike))):
         return write(filepath)
     name = os.path.basename(os.path.normpath(os.fspath(filepath)))
-    if not worker_broadcast.is_chief(strategy):
-        with _private_directory("discarded") as private:
-            return write(os.path.join(private, name))
     target = os.path.abspath(os.fspath(filepath))
     parent = os.path.dirname(target)
-    if _is_remote(filepath) or not os.path.isdir(parent) or (
-            not overwrite and os.path.exists(target)):
+    remote = _is_remote(filepath)
+    if not remote and (not os.path.isdir(parent) or (not overwrite and os.path.exists(target))):
         return write(filepath)
-    staging = tempfile.mkdtemp(prefix=".tfdtape-", dir=parent)
+    if not worker_broadcast.is_chief(strategy):
+        with _private_directory("discarded") as private:
+            result = write(os.path.join(private, name))
+            for entry in os.listdir(private):
+                if not remote:
+                    _check_replaceable(os.path.join(private, entry),
+                                       os.path.join(parent, entry))
+            return result
+    if remote:
+        return write(filepath)
+    _remove_stale(parent, ".tfdtape-staging")
+    staging = tempfile.mkdtemp(prefix=_prefix(".tfdtape-staging"), dir=parent)
     try:
         result = write(os.path.join(staging, name))
+        for entry in sorted(os.listdir(staging)):
+            _check_replaceable(os.path.join(staging, entry), os.path.join(parent, entry))
         for entry in sorted(os.listdir(staging)):
             _synced_tree(os.path.join(staging, entry))
             _put(os.path.join(staging, entry), os.path.join(parent, entry),
@@ -186,6 +239,8 @@ def make_save_model(original):
     def save_model(model, filepath, overwrite=True, zipped=None, **kwargs):
         """Keras's `save_model`; on several workers only the chief's file
         reaches `filepath`, renamed into place once whole."""
+        if zipped is None:  # Keras's default, decided by the path the caller gave
+            zipped = not str(filepath).startswith("hf://")
         return _written(model, filepath, overwrite,
                         lambda path: original(model, path, overwrite, zipped, **kwargs))
 
@@ -358,11 +413,14 @@ def make_backup_save_model(original):
 
 
 def _copied_whole(source, destination):
-    """Copies a file by way of a temporary file beside `destination`."""
-    handle, temporary = tempfile.mkstemp(prefix=".tfdtape-", dir=os.path.dirname(destination))
-    os.close(handle)
+    """Copies a file by way of a temporary file beside `destination` (made
+    with the source's mode, where mkstemp would make it private)."""
+    parent = os.path.dirname(destination)
+    _remove_stale(parent, ".tfdtape-copy")
+    temporary = os.path.join(parent, _prefix(".tfdtape-copy") + os.path.basename(destination))
     try:
         shutil.copyfile(source, temporary)
+        shutil.copymode(source, temporary)
         _synced(temporary)
         os.replace(temporary, destination)
     finally:

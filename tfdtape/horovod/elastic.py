@@ -22,7 +22,6 @@ import functools
 import itertools
 import os
 import pickle
-import tempfile
 
 import numpy as np
 
@@ -103,9 +102,9 @@ class State:
 
     def _write(self, committed):
         path = self._path()
-        handle, temporary = tempfile.mkstemp(prefix=".tfdtape-", dir=os.path.dirname(path))
+        temporary = f"{path}.{os.getpid()}.tmp"  # made as open() makes files (umask)
         try:
-            with os.fdopen(handle, "wb") as file:
+            with open(temporary, "wb") as file:
                 pickle.dump(committed, file)
                 file.flush()
                 os.fsync(file.fileno())
