@@ -36,6 +36,8 @@ def run_job(directory):
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
     import numpy as np
     import tensorflow as tf
+    if os.environ.get("TFDTAPE_AUTOINSTALL") != "0":
+        import tfdtape  # noqa: F401 (installs)
     strategy = (tf.distribute.MultiWorkerMirroredStrategy() if "TF_CONFIG" in os.environ
                 else tf.distribute.get_strategy())
     keras = tf.keras
