@@ -32,6 +32,7 @@ import tensorflow as tf
 import exercise_recorder
 from keras_models import is_keras3
 from tfdtape import keras3_saving
+from tfdtape import process_job
 from tfdtape import testing
 
 SCRIPT = str(pathlib.Path(__file__).parent / "keras_saving_process.py")
@@ -409,3 +410,19 @@ def test_a_backup_copy_keeps_the_files_mode(tmp_path):
     keras3_saving._copied_whole(str(source), str(tmp_path / "latest.weights.h5.bkp"))
     assert (tmp_path / "latest.weights.h5.bkp").stat().st_mode & 0o777 == 0o644
     assert sorted(os.listdir(tmp_path)) == ["latest.weights.h5", "latest.weights.h5.bkp"]
+
+
+def test_in_a_horovod_job_rank_0_writes_and_the_others_write_nothing(tmp_path):
+    target = tmp_path / "model.weights.h5"
+    alone = types.SimpleNamespace(distribute_strategy=None)  # Horovod: no strategy
+    try:
+        for rank, content in ((1, b"rank 1"), (0, b"rank 0")):
+            process_job.register(process_job.ProcessJob(rank=rank, size=2))
+            keras3_saving.make_save_weights(writing(content))(alone, target)
+            assert os.listdir(tmp_path) == (["model.weights.h5"] if rank == 0 else [])
+        assert target.read_bytes() == b"rank 0"
+        process_job.register(process_job.ProcessJob(rank=1, size=1))  # a job of one
+        keras3_saving.make_save_weights(writing(b"alone"))(alone, target)
+        assert target.read_bytes() == b"alone"
+    finally:
+        process_job.register(None)

@@ -23,6 +23,12 @@ whose strategy spans several workers, tfdtape's versions make
   then restores from a private copy with Keras's own logic: workers whose
   disks are separate resume alike.
 
+In a `tfdtape.horovod` job of several processes (`tfdtape.process_job`)
+rank 0 is the chief and the writes are the same; the restore at the start
+of `fit` is Keras's own on every process there (a Horovod program may give
+BackupAndRestore to some ranks only, and a hand-over would wait for the
+others), so its backup directory must be one every process reads.
+
 Everywhere else (one worker, no strategy) Keras's functions run unchanged.
 tf_keras keeps its own logic and is not touched. Keras is never imported
 here.
@@ -37,11 +43,13 @@ import socket
 import sys
 import tempfile
 import threading
+import typing
 
 from tensorflow.python.lib.io import file_io
 
 from tfdtape import errors
 from tfdtape import events
+from tfdtape import process_job
 from tfdtape import worker_broadcast
 from tfdtape import workers
 
@@ -95,6 +103,28 @@ def job_strategy(model):
     if strategy is None or not workers.in_multi_worker_mode(strategy):
         return None
     return strategy
+
+
+class Role(typing.NamedTuple):
+    """Where this process stands in the job that trains a model."""
+    chief: bool
+    strategy: object
+    """The model's MultiWorkerMirroredStrategy; None in a `tfdtape.horovod`
+    job (its callbacks may differ between processes: nothing is handed
+    over at the start of training there)."""
+
+
+def role_of(model):
+    """This process's Role in the job of several processes training
+    `model`: its MultiWorkerMirroredStrategy's (the chief writes), or the
+    `tfdtape.horovod` job's (rank 0 writes); None for a process alone."""
+    strategy = job_strategy(model)
+    if strategy is not None:
+        return Role(worker_broadcast.is_chief(strategy), strategy)
+    job = process_job.current()
+    if job is not None and job.size > 1:
+        return Role(job.rank == 0, None)
+    return None
 
 
 @contextlib.contextmanager
@@ -195,8 +225,8 @@ def _written(model, filepath, overwrite, write):
     should write `filepath` (see the module's docstring). Where Keras
     itself would stop (a missing directory, an overwrite to confirm) every
     worker calls Keras with `filepath`, so every worker stops alike."""
-    strategy = job_strategy(model)
-    if (strategy is None or getattr(_placement, "active", False)
+    role = role_of(model)
+    if (role is None or getattr(_placement, "active", False)
             or not isinstance(filepath, (str, os.PathLike))):
         return write(filepath)
     name = os.path.basename(os.path.normpath(os.fspath(filepath)))
@@ -205,7 +235,7 @@ def _written(model, filepath, overwrite, write):
     remote = _is_remote(filepath)
     if not remote and (not os.path.isdir(parent) or (not overwrite and os.path.exists(target))):
         return write(filepath)
-    if not worker_broadcast.is_chief(strategy):
+    if not role.chief:
         with _private_directory("discarded") as private:
             result = write(os.path.join(private, name))
             for entry in os.listdir(private):
@@ -348,13 +378,13 @@ def make_backup_on_train_begin(original):
         """Keras's restore at the start of `fit`; on several workers from
         the chief's backup files, which every worker receives through the
         job's collectives and restores from a private copy."""
-        strategy = job_strategy(self.model)
-        if strategy is None:
+        role = role_of(self.model)
+        if role is None or role.strategy is None:
             return original(self, logs)
-        contents, failure = (_chief_backup(self) if worker_broadcast.is_chief(strategy)
+        contents, failure = (_chief_backup(self) if role.chief
                              else ([None] * len(_BACKUP_FILES), None))
         received = worker_broadcast.from_chief(
-            strategy, [None if failure is None else failure.encode(), *contents])
+            role.strategy, [None if failure is None else failure.encode(), *contents])
         if received[0] is not None:
             raise _unreadable(self, received[0].decode())
         with _private_directory("restore") as private, _backup_in(self, private):
@@ -376,10 +406,10 @@ def make_backup_save_model(original):
         """Keras's backup; on several workers the chief's weights and
         metadata are staged, then renamed into place (weights first); the
         others' go to a private directory, removed."""
-        strategy = job_strategy(self.model)
-        if strategy is None:
+        role = role_of(self.model)
+        if role is None:
             return original(self)
-        if not worker_broadcast.is_chief(strategy):
+        if not role.chief:
             with _private_directory("discarded") as private, _backup_in(self, private), \
                     _placed():
                 return original(self)
@@ -436,8 +466,8 @@ def make_backup_on_train_end(original):
     def on_train_end(self, logs=None):
         """Keras's deletion of the backup at the end of `fit`; on several
         workers the chief's only."""
-        strategy = job_strategy(self.model)
-        if strategy is not None and not worker_broadcast.is_chief(strategy):
+        role = role_of(self.model)
+        if role is not None and not role.chief:
             return None
         return original(self, logs)
 
@@ -459,8 +489,8 @@ def make_checkpoint_save_model(original):
         """Keras's checkpoint; on several workers the others' files go to
         a private directory, removed (the chief's are written whole by the
         saving functions)."""
-        strategy = job_strategy(self.model)
-        if strategy is None or worker_broadcast.is_chief(strategy):
+        role = role_of(self.model)
+        if role is None or role.chief:
             return original(self, epoch, batch, logs)
         pattern = self.filepath
         with _private_directory("discarded") as private, _placed():

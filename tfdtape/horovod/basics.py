@@ -21,6 +21,7 @@ import threading
 import tensorflow as tf
 
 from tfdtape import errors
+from tfdtape import process_job
 
 _lock = threading.Lock()
 _state = None  # The Job once init() ran, until shutdown().
@@ -65,6 +66,7 @@ def init(comm=None, process_sets=None):
         if _joined is None:
             _joined = _join()
         _state = _joined
+        process_job.register(process_job.ProcessJob(rank=_state.rank, size=_state.size))
 
 
 def _join():
@@ -164,6 +166,7 @@ def shutdown():
     global _state
     with _lock:
         _state = None
+        process_job.register(None)
 
 
 def is_initialized():
