@@ -836,3 +836,26 @@ def test_horovods_checkpoint_on_rank_0_resumes_a_restarted_job(tmp_path):
         assert restarted[rank]["variables"] == uninterrupted[0]["variables"]
     assert sorted(os.listdir(tmp_path / "restarted")) == [
         f"checkpoint-{epoch}.keras" for epoch in (1, 2, 3, 4)]
+
+
+def test_elastic_restore_of_a_save_made_before_the_optimizers_first_step(
+        alone, monkeypatch, tmp_path):
+    import tfdtape.horovod.keras as hvd_keras
+    monkeypatch.setenv("TFDTAPE_LAUNCH_DIR", str(tmp_path / "made" / "by" / "commit"))
+    keras = tf.keras
+    model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+    optimizer = keras.optimizers.SGD(0.1, momentum=0.9)
+    model.compile(optimizer=optimizer, loss="mse")
+    state = hvd_keras.elastic.KerasState(model, epoch=0)  # Horovod's order: before fit
+    first = [np.asarray(w).tolist() for w in model.weights]
+    model.fit(np.ones((4, 2), np.float32), np.zeros((4, 1), np.float32), verbose=0)
+    state.restore()  # Horovod restores the pairs there are
+    assert [np.asarray(w).tolist() for w in model.weights] == first
+    state.commit()  # into a directory made for it
+    assert os.listdir(tmp_path / "made" / "by" / "commit") == [state._file_name]
+    callback = hvd_keras.elastic.UpdateBatchStateCallback(hvd.elastic.ObjectState(batch=2))
+    callback.set_params({"steps": 6})
+    with pytest.warns(UserWarning, match="resuming from a commit after batch 2 of an "
+                                         "epoch, which Keras's fit runs from its first"):
+        callback.on_epoch_begin(0)
+    assert callback.params["steps"] == 4  # as Horovod sets it

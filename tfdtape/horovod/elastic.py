@@ -45,6 +45,7 @@ def _commit_directory():
             "attempts share", "no such variable",
             "Start the job with `python -m tfdtape launch --max-restarts N`, or set "
             f"{DIRECTORY_VARIABLE} to a directory every process and restart can reach"))
+    os.makedirs(directory, exist_ok=True)  # one the program named itself may not exist yet
     return directory
 
 
@@ -158,7 +159,14 @@ def _values(variables):
     return [np.array(variable.numpy()) for variable in variables]
 
 
-def _assign(variables, values, what):
+def _assign(variables, values, what, strict=True):
+    """Assigns `values` to `variables` in order. A commit must fit exactly;
+    an in-memory save (`strict=False`) restores the pairs there are, as
+    Horovod's does (a save made before the optimizer's first step holds
+    fewer of its variables)."""
+    if not strict:
+        values = values[:len(variables)]
+        variables = variables[:len(values)]
     if len(variables) != len(values):
         raise ValueError(errors.message(
             "the elastic state's commit does not fit", f"tfdtape.horovod.elastic ({what})",
@@ -189,7 +197,7 @@ class TensorFlowState(ObjectState):
         super().save()
 
     def restore(self):
-        _assign(self.variables, self._values, "variables")
+        _assign(self.variables, self._values, "variables", strict=False)
         super().restore()
 
     def sync(self):
@@ -229,7 +237,7 @@ class TensorFlowKerasState(ObjectState):
         super().save()
 
     def restore(self):
-        self._load_model(self._saved_model_state, self._saved_optimizer_state)
+        self._load_model(self._saved_model_state, self._saved_optimizer_state, strict=False)
         super().restore()
 
     def sync(self):
@@ -242,13 +250,13 @@ class TensorFlowKerasState(ObjectState):
         self._saved_model_state = _values(self.model.variables)
         self._saved_optimizer_state = _values(_optimizer_variables(self.optimizer))
 
-    def _load_model(self, model_values, optimizer_values):
-        _assign(self.model.variables, model_values, "the model's variables")
-        if (len(_optimizer_variables(self.optimizer)) != len(optimizer_values)
+    def _load_model(self, model_values, optimizer_values, strict=True):
+        _assign(self.model.variables, model_values, "the model's variables", strict)
+        if (len(_optimizer_variables(self.optimizer)) < len(optimizer_values)
                 and hasattr(self.optimizer, "build")):
             self.optimizer.build(self.model.trainable_variables)  # made at the first step
         _assign(_optimizer_variables(self.optimizer), optimizer_values,
-                "the optimizer's variables")
+                "the optimizer's variables", strict)
 
     def _committed(self):
         return dict(super()._committed(), model=self._saved_model_state,

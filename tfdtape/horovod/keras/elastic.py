@@ -3,6 +3,8 @@
 and commit the state, over `tfdtape.horovod.elastic` (a job of fixed size
 that restarts). Made for the Keras `tf.keras` is."""
 
+import warnings
+
 import tensorflow as tf
 
 from tfdtape.horovod.elastic import ObjectState
@@ -43,8 +45,11 @@ class CommitStateCallback(tf.keras.callbacks.Callback):
 
 
 class UpdateBatchStateCallback(tf.keras.callbacks.Callback):
-    """Keeps `state.batch` at the last batch done; an epoch resumed in its
-    middle runs the steps it had left."""
+    """Keeps `state.batch` at the last batch done, and sets the callbacks'
+    `params["steps"]` to the steps an epoch resumed in its middle had left,
+    as Horovod does. Keras's `fit` reads neither: such an epoch runs from
+    its first batch again, training its first batches twice; it says so
+    (a warning). Commit at the ends of epochs to resume exactly."""
 
     def __init__(self, state):
         super().__init__()
@@ -55,6 +60,13 @@ class UpdateBatchStateCallback(tf.keras.callbacks.Callback):
         self.steps_per_epoch = None
 
     def on_epoch_begin(self, epoch, logs=None):
+        if self.state.batch:
+            warnings.warn(
+                f"tfdtape.horovod.keras.elastic: resuming from a commit after batch "
+                f"{self.state.batch} of an epoch, which Keras's fit runs from its first "
+                "batch again (those batches are trained twice); commit at the ends of "
+                "epochs (CommitStateCallback's batches_per_commit at least the epoch's "
+                "steps) to resume exactly", stacklevel=2)
         if self.params.get("steps"):
             if self.steps_per_epoch is None:
                 self.steps_per_epoch = self.params.get("steps")
