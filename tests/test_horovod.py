@@ -859,3 +859,33 @@ def test_elastic_restore_of_a_save_made_before_the_optimizers_first_step(
                                          "epoch, which Keras's fit runs from its first"):
         callback.on_epoch_begin(0)
     assert callback.params["steps"] == 4  # as Horovod sets it
+
+
+@pytest.mark.per_release(False)
+@pytest.mark.cluster
+def test_init_first_called_under_a_graph_leaves_eager_collectives_working():
+    completed = launch(2, "graph_init.py")
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    found = outputs(completed)
+    assert [found[rank]["sum"] for rank in (0, 1)] == [[3.0, 6.0], [3.0, 6.0]]
+
+
+@pytest.mark.per_release(False)
+@pytest.mark.cluster
+def test_a_tf_keras_model_fit_builds_trains_from_rank_0s_weights():
+    """Horovod's tensorflow2_keras_mnist.py shape under tf_keras: the model
+    has no Input, so it has no weights when training begins (reading them
+    failed: "Weights for model 'sequential' have not yet been created");
+    the broadcast after the first batch gives every rank rank 0's, and they
+    end equal."""
+    completed = launch(2, "built_by_fit.py", env={"TF_USE_LEGACY_KERAS": "1"})
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    found = outputs(completed)
+    assert found[0]["weights"] == found[1]["weights"]
+
+
+def test_an_object_collective_in_a_tensorflow_1_graph_says_so(alone):
+    with tf.Graph().as_default():
+        with pytest.raises(ValueError, match=r"expected an eager call \(objects are pickled "
+                                             r"in Python\), found a TensorFlow 1 graph"):
+            hvd.broadcast_object({"epoch": 1})

@@ -19,6 +19,7 @@ import os
 import threading
 
 import tensorflow as tf
+from tensorflow.python.eager import context
 
 from tfdtape import errors
 from tfdtape import process_job
@@ -64,7 +65,8 @@ def init(comm=None, process_sets=None):
         unsupported.refuse("process_sets")
     with _lock:
         if _joined is None:
-            _joined = _join()
+            with context.eager_mode():  # though a TensorFlow 1 graph be the default here
+                _joined = _join()
         _state = _joined
         process_job.register(process_job.ProcessJob(rank=_state.rank, size=_state.size))
 

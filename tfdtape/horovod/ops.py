@@ -436,9 +436,12 @@ def allgather_object(obj, session=None, name=None, process_set=None):
 
 def _eagerly(symbol):
     if not tf.executing_eagerly():
+        in_function = getattr(tf.compat.v1.get_default_graph(), "building_function", False)
         _refuse("an object collective was called in a graph", symbol,
-                "an eager call (objects are pickled in Python)", "a tf.function",
-                "call it outside tf.function")
+                "an eager call (objects are pickled in Python)",
+                "a tf.function" if in_function else "a TensorFlow 1 graph",
+                "call it outside tf.function" if in_function
+                else "call it eagerly, outside the graph")
 
 
 def _pickled(obj):
