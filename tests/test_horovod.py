@@ -889,3 +889,15 @@ def test_an_object_collective_in_a_tensorflow_1_graph_says_so(alone):
         with pytest.raises(ValueError, match=r"expected an eager call \(objects are pickled "
                                              r"in Python\), found a TensorFlow 1 graph"):
             hvd.broadcast_object({"epoch": 1})
+
+
+def test_float16_is_scaled_in_float32_as_horovod_scales_it(alone):
+    values = np.array([0.1, 1.7, 333.0, -2.9], np.float16)
+    scaled = hvd.allreduce(tf.constant(values), op=hvd.Sum, prescale_factor=0.3,
+                           postscale_factor=1.7)
+    in_float32 = (np.float32(0.3) * values.astype(np.float32)).astype(np.float16)
+    in_float32 = (np.float32(1.7) * in_float32.astype(np.float32)).astype(np.float16)
+    in_float16 = values * np.float16(0.3) * np.float16(1.7)
+    assert scaled.dtype == tf.float16
+    assert scaled.numpy().tobytes() == in_float32.tobytes()
+    assert in_float16.tobytes() != in_float32.tobytes()  # the test tells them apart

@@ -94,11 +94,14 @@ def _check_averageable(tensor, op, symbol):
 
 def _scaled(value, factor):
     """`value` times `factor`; an integer tensor is scaled as float64 and
-    truncated back to its dtype (a factor of 0.5 halves it, not zeroes it)."""
+    truncated back to its dtype (a factor of 0.5 halves it, not zeroes it),
+    a 16-bit float as float32 and rounded back, as Horovod scales them."""
     if factor == 1.0:
         return value
     if value.dtype.is_integer:
         return tf.cast(tf.cast(value, tf.float64) * factor, value.dtype)
+    if value.dtype in (tf.float16, tf.bfloat16):
+        return tf.cast(tf.cast(value, tf.float32) * factor, value.dtype)
     return value * tf.cast(factor, value.dtype)
 
 
