@@ -202,14 +202,16 @@ def _synced_tree(path):
         _synced(root)
 
 
-def _check_replaceable(source, destination):
-    """Raises what renaming `source` over `destination` raises where one
-    is a directory and the other a file."""
-    if os.path.lexists(destination) and os.path.isdir(source) != os.path.isdir(destination):
-        kind = IsADirectoryError if os.path.isdir(destination) else NotADirectoryError
-        raise kind(errno.EISDIR if kind is IsADirectoryError else errno.ENOTDIR,
-                   os.strerror(errno.EISDIR if kind is IsADirectoryError else errno.ENOTDIR),
-                   destination)
+def _check_replaceable(written, parent):
+    """Raises what renaming each entry of directory `written` over its
+    namesake in `parent` raises where one is a directory and the other a
+    file."""
+    for entry in sorted(os.listdir(written)):
+        source, destination = os.path.join(written, entry), os.path.join(parent, entry)
+        if os.path.lexists(destination) and os.path.isdir(source) != os.path.isdir(destination):
+            code = errno.EISDIR if os.path.isdir(destination) else errno.ENOTDIR
+            kind = IsADirectoryError if code == errno.EISDIR else NotADirectoryError
+            raise kind(code, os.strerror(code), destination)
 
 
 def _put(source, destination, spare):
@@ -238,10 +240,8 @@ def _written(model, filepath, overwrite, write):
     if not role.chief:
         with _private_directory("discarded") as private:
             result = write(os.path.join(private, name))
-            for entry in os.listdir(private):
-                if not remote:
-                    _check_replaceable(os.path.join(private, entry),
-                                       os.path.join(parent, entry))
+            if not remote:
+                _check_replaceable(private, parent)
             return result
     if remote:
         return write(filepath)
@@ -249,8 +249,7 @@ def _written(model, filepath, overwrite, write):
     staging = tempfile.mkdtemp(prefix=_prefix(".tfdtape-staging"), dir=parent)
     try:
         result = write(os.path.join(staging, name))
-        for entry in sorted(os.listdir(staging)):
-            _check_replaceable(os.path.join(staging, entry), os.path.join(parent, entry))
+        _check_replaceable(staging, parent)
         for entry in sorted(os.listdir(staging)):
             _synced_tree(os.path.join(staging, entry))
             _put(os.path.join(staging, entry), os.path.join(parent, entry),
