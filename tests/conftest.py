@@ -61,6 +61,9 @@ def pytest_configure(config):
         "(--per-release)")
     config.addinivalue_line(
         "markers", "exercise_proof: reads --exercised-data; deselected without it")
+    config.addinivalue_line(
+        "markers", "slow: Horovod's own test files (tests/test_horovod_suite.py), run "
+        "where TFDTAPE_HOROVOD_SOURCE names a Horovod checkout")
     if config.getoption("record_exercise") is not None:
         exercise_recorder.start()
         os.environ[exercise_recorder.ENVIRONMENT] = str(

@@ -69,7 +69,6 @@ def test_a_job_of_one_process(alone):
 
 
 @pytest.mark.parametrize("call, message", [
-    (lambda: hvd.allreduce(tf.constant([1])), "an integer tensor was to be averaged"),
     (lambda: hvd.allreduce(tf.constant(1.0), op=hvd.Sum, average=True),
      "both op and average were given"),
     (lambda: hvd.allreduce(tf.constant(1.0), op=17), "an unknown reduction op"),
@@ -77,8 +76,8 @@ def test_a_job_of_one_process(alone):
     (lambda: hvd.broadcast(tf.constant(1.0), 1), "a broadcast from a rank the job does not have"),
     (lambda: hvd.allreduce(tf.constant(["a"]), op=hvd.Sum),
      "a tensor of a dtype no collective carries"),
-    (lambda: hvd.allreduce(tf.IndexedSlices(tf.ones((1, 1)), tf.constant([0])), op=hvd.Max),
-     "IndexedSlices were to be reduced by Max"),
+    (lambda: hvd.alltoall(tf.constant(1.0)), "a scalar was to be exchanged"),
+    (lambda: hvd.reducescatter(tf.constant(1.0)), "a scalar was to be reduce-scattered"),
     (lambda: hvd.DistributedGradientTape(tf.GradientTape(), op=hvd.Sum,
                                          gradient_predivide_factor=2.0),
      "gradient_predivide_factor was given with an op other than Average"),
@@ -97,8 +96,6 @@ def test_a_tape_must_be_a_tape(alone):
 
 @pytest.mark.parametrize("use", [
     lambda: hvd.allreduce(tf.constant(1.0), op=hvd.Adasum),
-    lambda: hvd.alltoall(tf.constant([1.0])),
-    lambda: hvd.reducescatter(tf.constant([1.0])),
     lambda: hvd.join(),
     lambda: hvd.start_timeline("/tmp/t.json"),
     lambda: hvd.add_process_set([0]),
@@ -184,7 +181,29 @@ def test_every_operation_matches_its_closed_form(processes):
         assert result["scaled"] == [ranks.sum() / 2, ranks.sum()]
         assert result["int_sum"] == [n * (n - 1) // 2, n]
         assert result["int_scaled"] == [int(n * (n + 1) / 2 * 0.5), int(3 * n * 0.5)]
-        assert result["int_average"].startswith("tfdtape: an integer tensor was to be averaged")
+        # Horovod's integer average: the sum divided, truncated toward zero.
+        assert result["int_average"] == [int(n * (n + 1) / 2 / n), int(-3 * n * (n - 1) / 2 / n)]
+        assert result["alltoall"] == [[10.0 * r + rank for r in range(n) for _ in range(rank + 1)],
+                                      [rank + 1] * n]
+        assert result["alltoall_traced"] == result["alltoall"][0]
+        assert result["alltoall_equal"] == [100 * r + 2 * rank + k for r in range(n)
+                                            for k in range(2)]
+        # Each row sent to rank j comes back times j + 1; the unsent row gets 0.
+        assert result["alltoall_gradient"] == [
+            j + 1.0 for j in range(n) for _ in range(j + 1)] + [0.0]
+        total = n * (n + 1) / 2  # the sum over ranks of rank + 1
+        mine = range(0, 3) if rank == 0 else range(2 * rank + 1, 2 * rank + 3)
+        assert result["reducescatter"] == [[total * r for r in mine], [total * r / n for r in mine]]
+        assert result["grouped_reducescatter"] == [
+            [[int((n - 1) / 2), 1, 5][k % 3] for k in range(3 * rank, 3 * rank + 3)],
+            [total * rank / n]]
+        mean = (n + 1) / 2  # of rank + 1
+        local = float(np.float32(rank + 1) / np.float32(n))
+        assert result["local_and_global"] == [[[True, local]], [[True, mean]]]
+        assert result["local_optimizers"] == [-local, -mean, -local, -mean]
+        # Horovod's gradient of a Sum: the gathered upstream gradients times the size.
+        assert result["reducescatter_gradient"] == [
+            n * (r + 1.0) for r in range(n) for _ in range(3 if r == 0 else 2)]
         # Uneven first dimensions: rank r gives r + 1 rows of r.
         assert result["gathered"] == [[float(r)] * 2 for r in range(n) for _ in range(r + 1)]
         assert result["grouped_gathered"] == [[r for r in range(n) for _ in range(r + 1)],
@@ -272,8 +291,6 @@ def test_the_smaller_calls_of_horovod_s_api_alone(alone):
         with pytest.raises(NotImplementedError, match=r"called in a graph .*a TensorFlow 1 "
                                                       r"graph, whose session runs on this"):
             hvd.broadcast_global_variables(0)
-    with pytest.raises(NotImplementedError, match="hvd.reducescatter is not in tfdtape"):
-        hvd.grouped_reducescatter([tf.constant(1.0)])
 
 
 def test_the_keras_module_takes_horovod_s_keras_signatures_alone(alone):
@@ -606,7 +623,9 @@ def test_accumulated_passes_apply_on_every_nth_call_alone(alone, traced, average
 DIFFERENCES = {
     "kind": "kind of collective", "op": "reduction op", "root": "root rank",
     "dtype": "dtypes", "shape": "shape", "trailing": "shape", "count": "number of tensors",
-    "group_shapes": "shapes", "variables": "shape", "name": "name", "extra": "shape"}
+    "group_shapes": "shapes", "variables": "shape", "name": "name",
+    "integer_average": "dtypes", "alltoall_trailing": "shape", "reducescatter_dtype": "dtypes",
+    "extra": "shape"}
 
 
 @pytest.mark.cluster
@@ -629,6 +648,10 @@ def test_processes_issuing_different_collectives_all_refuse_and_go_on(processes,
     expected.append({"case": "none_on_one_rank", "refused": error,
                      "says": "tfdtape: the processes of the job disagree on which "
                              "gradients are None"})
+    if mode == "eager":  # a refusal of one process's tensors, decided by all
+        expected += [{"case": case, "refused": error,
+                      "says": "tfdtape: processes of the job refused the collective"}
+                     for case in ("scalar_on_one_rank", "splits_on_one_rank")]
     expected.append({"case": "extra", "refused": error,
                      "says": different + "(they differ in shape)"})
     by_rank = {}
@@ -690,7 +713,8 @@ def test_the_refusal_names_what_each_process_issued(alone, monkeypatch):
     rows = [negotiation.describe("allgather", [tf.ones([rows, 3])], rows=rows)
             for rows in (2, 5)]
     found = np.stack([rows[0].numpy(), rows[1].numpy()])
-    assert not np.any(found[0, :-1] != found[1, :-1])  # the rows alone differ
+    assert (found[0] != found[1]).tolist() == [
+        column == negotiation._ROWS for column in range(found.shape[1])]  # the rows alone
     shapes = np.stack([negotiation.describe("allreduce", [tf.ones(shape)]).numpy()
                        for shape in ([2, 3], [2, 3, 1, 1, 1, 4, 5])])
     field = negotiation._FIELDS.index
@@ -901,3 +925,97 @@ def test_float16_is_scaled_in_float32_as_horovod_scales_it(alone):
     assert scaled.dtype == tf.float16
     assert scaled.numpy().tobytes() == in_float32.tobytes()
     assert in_float16.tobytes() != in_float32.tobytes()  # the test tells them apart
+
+
+@pytest.mark.parametrize("call, message", [
+    (lambda x: hvd.allreduce(x, op=hvd.Max), "IndexedSlices were to be reduced by Max"),
+    (lambda x: hvd.grouped_allreduce([x, tf.ones([2])], op=hvd.Product),
+     "IndexedSlices were to be reduced by Product"),
+    (lambda x: hvd.allreduce(x, op=hvd.Sum, prescale_factor=0.5),
+     "IndexedSlices were to be scaled"),
+    (lambda x: hvd.grouped_allreduce([x], postscale_factor=2.0),
+     "IndexedSlices were to be scaled"),
+])
+def test_indexed_slices_refusals_are_horovods_not_implemented_error(alone, call, message):
+    """Horovod gathers IndexedSlices, so it refuses Min, Max, Product and
+    scale factors with NotImplementedError; values given as a Python list
+    (Horovod's own test gives them so) are refused the same way."""
+    for values in (tf.ones((1, 1)), [tf.ones(1), tf.ones(1)]):
+        with pytest.raises(NotImplementedError) as raised:
+            call(tf.IndexedSlices(values, tf.constant([0])))
+        assert str(raised.value).startswith(f"tfdtape: {message} (tfdtape.horovod")
+
+
+def test_integer_average_truncates_as_horovod_alone(alone):
+    """Horovod averages integers as their sum times postscale / size in
+    float64, truncated toward zero; alone the sum is the value."""
+    averaged = hvd.allreduce(tf.constant([7, -7, 3], tf.int32), postscale_factor=0.5)
+    assert averaged.dtype == tf.int32 and averaged.numpy().tolist() == [3, -3, 1]
+    grouped = hvd.grouped_allreduce([tf.constant([5], tf.int64), tf.constant([2.5])],
+                                    prescale_factor=0.5)
+    assert grouped[0].dtype == tf.int64 and grouped[0].numpy().tolist() == [2]
+    assert grouped[1].numpy().tolist() == [1.25]
+
+
+def test_alltoall_and_reducescatter_alone(alone):
+    """In a job of one, alltoall returns the rows sent to rank 0 (and the
+    received splits where splits were given); reducescatter keeps every
+    row; bad splits are InvalidArgumentError and an op other than Sum or
+    Average is AbortedError, as Horovod raises them; eagerly and traced."""
+    rows = tf.reshape(tf.range(6.0), [3, 2])
+    assert hvd.alltoall(rows).numpy().tolist() == rows.numpy().tolist()
+    output, received = hvd.alltoall(rows, splits=[2])
+    assert output.numpy().tolist() == [[0.0, 1.0], [2.0, 3.0]]
+    assert received.dtype == tf.int32 and received.numpy().tolist() == [2]
+    traced = tf.function(lambda x: hvd.alltoall(x, splits=tf.constant([1])))
+    assert traced(rows)[0].numpy().tolist() == [[0.0, 1.0]]
+    for splits in ([4], [-1], [1, 1]):
+        with pytest.raises(tf.errors.InvalidArgumentError,
+                           match=r"^tfdtape: alltoall splits that do not fit the tensor"):
+            hvd.alltoall(rows, splits=splits)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="splits that do not fit"):
+        traced(tf.ones([0, 2]))
+    assert hvd.reducescatter(rows, op=hvd.Sum).numpy().tolist() == rows.numpy().tolist()
+    assert [t.numpy().tolist() for t in hvd.grouped_reducescatter(
+        [tf.constant([4, 6]), rows[:1]], op=hvd.Average)] == [[4, 6], [[0.0, 1.0]]]
+    assert hvd.grouped_reducescatter([]) == []
+    with pytest.raises(tf.errors.AbortedError, match=r"a reducescatter by Max .*expected "
+                                                     r"op=hvd.Average or hvd.Sum"):
+        hvd.reducescatter(rows, op=hvd.Max)
+    x = tf.Variable(rows)
+    with tf.GradientTape() as tape:
+        y = tf.reduce_sum(hvd.reducescatter(x, op=hvd.Sum, prescale_factor=3.0))
+    assert tape.gradient(y, x).numpy().tolist() == [[3.0, 3.0]] * 3
+    with tf.GradientTape() as tape:
+        y = tf.reduce_sum(hvd.alltoall(x, splits=[2])[0] * 2.0)
+    assert tape.gradient(y, x).numpy().tolist() == [[2.0, 2.0]] * 2 + [[0.0, 0.0]]
+
+
+def test_horovod_tensorflow_s_distributed_optimizer_and_best_checkpoint_alone(
+        alone, tmp_path):
+    """hvd.DistributedOptimizer wraps a Keras optimizer as the Keras
+    module's does (its class kept) and refuses TensorFlow 1's; Horovod's
+    BestModelCheckpoint saves the whole model when the monitored value
+    improves, and says so where no filepath was set."""
+    import tfdtape.horovod.keras as hvd_keras
+    sgd = tf.keras.optimizers.SGD(0.5)
+    wrapped = hvd.DistributedOptimizer(sgd, backward_passes_per_step=1)
+    assert type(wrapped).__name__ == "SGD" and isinstance(wrapped, type(sgd))
+    w = tf.Variable([1.0])
+    wrapped.apply_gradients([(tf.constant([2.0]), w)])
+    assert w.numpy().tolist() == [0.0]
+    with pytest.raises(NotImplementedError, match=r"a TensorFlow 1 optimizer was to be "
+                                                  r"distributed .*GradientDescentOptimizer"):
+        hvd.DistributedOptimizer(tf.compat.v1.train.GradientDescentOptimizer(0.1))
+    with pytest.raises(ValueError, match="local_layers that are not Keras layers"):
+        hvd_keras.PartialDistributedOptimizer(sgd, local_layers=[w])
+    model = tf.keras.Sequential([tf.keras.Input((1,)), tf.keras.layers.Dense(1)])
+    model.compile(optimizer="sgd", loss="mse")
+    x, y = np.ones((4, 1), np.float32), np.zeros((4, 1), np.float32)
+    best = hvd_keras.callbacks.BestModelCheckpoint(monitor="loss")
+    with pytest.raises(ValueError, match="BestModelCheckpoint has no filepath"):
+        model.fit(x, y, epochs=1, verbose=0, callbacks=[best])
+    best.filepath = str(tmp_path / "best.keras")
+    model.fit(x, y, epochs=2, verbose=0, callbacks=[best])
+    restored = tf.keras.models.load_model(best.filepath)
+    np.testing.assert_array_equal(restored.get_weights()[0], model.get_weights()[0])

@@ -7,7 +7,9 @@
    README.md, CHANGELOG.md and LICENSE, and both carry LICENSE in their
    metadata (`License-File`);
 4. a fresh virtual environment installs the sdist (not the wheel) with
-   TensorFlow (`[cpu]`), and `tfdtape verify` passes there.
+   TensorFlow (`[cpu]`), and `tfdtape verify` passes there;
+5. where TFDTAPE_HOROVOD_SOURCE names a Horovod checkout, Horovod's own
+   test files pass against tfdtape.horovod (tests/test_horovod_suite.py).
 
 Usage: python tools/release_check.py [--workdir DIR] [--skip-install]
 Exit status 0 when every step passed, 1 when one failed (the step says why).
@@ -83,6 +85,19 @@ def check_contents(sdist, wheel):
     print(f"    sdist: {len(held)} files; wheel: {len(wheel_names)} files")
 
 
+def horovod_suite(source):
+    """Runs Horovod's own test files against tfdtape.horovod (the slow
+    tests/test_horovod_suite.py) where TFDTAPE_HOROVOD_SOURCE names a
+    Horovod checkout; says it did not where none is named."""
+    if not os.environ.get("TFDTAPE_HOROVOD_SOURCE"):
+        print("release check: Horovod's own tests not run (TFDTAPE_HOROVOD_SOURCE "
+              "names no Horovod checkout)")
+        return
+    step("Horovod's own tests", [sys.executable, "-m", "pytest", "-q", "-m", "slow",
+                                 "-p", "no:cacheprovider", "tests/test_horovod_suite.py"],
+         cwd=source, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
+
+
 def main(argv):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--workdir", type=pathlib.Path)
@@ -112,6 +127,7 @@ def main(argv):
                  [python, "-m", "pip", "install", "-q", f"{sdists[0]}[cpu]"])
             step("tfdtape verify", [str(environment / "bin" / "tfdtape"), "verify"],
                  env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"), cwd=workdir)
+        horovod_suite(source)
     except CheckFailed as failure:
         print(f"release check: {failure}", file=sys.stderr)
         return 1

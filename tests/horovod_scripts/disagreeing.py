@@ -40,8 +40,18 @@ CASES = {
         [tf.ones([2, 3]) if rank == 0 else tf.ones([3, 2]), tf.ones([1])]),
     "variables": lambda: hvd.broadcast_variables([a] if rank == 0 else [column], 0),
     "name": lambda: hvd.allreduce(tf.ones([2]), name=f"loss_{rank}"),
+    "integer_average": lambda: hvd.allreduce(tf.ones([3], tf.int32 if rank == 0 else tf.float32)),
+    "alltoall_trailing": lambda: hvd.alltoall(tf.ones([2 * hvd.size(), 1 + rank])),
+    "reducescatter_dtype": lambda: hvd.reducescatter(
+        tf.ones([4], tf.int32 if rank == 0 else tf.float32)),
     "none_on_one_rank": none_on_one_rank,
 }
+if not sys.argv[1:] == ["tf_function"]:  # decided when run: a refusal on one process only
+    CASES["scalar_on_one_rank"] = lambda: hvd.allgather(
+        tf.constant(1.0) if rank == 0 else tf.ones([1]))
+    CASES["splits_on_one_rank"] = lambda: hvd.alltoall(
+        tf.ones([hvd.size()]), splits=[hvd.size() + 1] + [0] * (hvd.size() - 1) if rank == 0
+        else [1] * hvd.size())
 LAST = ("extra", lambda: ([hvd.allreduce(tf.ones([3]))] if rank == 0 else []) + [
     hvd.allreduce(tf.ones([2]))])
 """One more collective on rank 0, paired with the next one of the others:

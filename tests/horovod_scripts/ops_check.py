@@ -24,10 +24,31 @@ found["scaled"] = hvd.allreduce(base, op=hvd.Sum, prescale_factor=2.0,
 found["int_sum"] = hvd.allreduce(tf.constant([rank, 1]), op=hvd.Sum).numpy().tolist()
 found["int_scaled"] = hvd.allreduce(tf.constant([rank + 1, 3]), op=hvd.Sum,
                                     postscale_factor=0.5).numpy().tolist()
-try:
-    hvd.allreduce(tf.constant([rank]))
-except ValueError as error:
-    found["int_average"] = str(error)
+found["int_average"] = hvd.allreduce(tf.constant([rank + 1, -3 * rank], tf.int64)
+                                   ).numpy().tolist()
+# alltoall: rank r sends j + 1 rows of value 10 * r + j to rank j (and keeps
+# one row unsent); without splits, each rank's 2 * size rows in equal parts.
+rows = tf.constant([[10.0 * rank + j] for j in range(size) for _ in range(j + 1)] + [[-1.0]])
+exchanged, received = hvd.alltoall(rows, splits=[j + 1 for j in range(size)])
+found["alltoall"] = [exchanged.numpy().ravel().tolist(), received.numpy().tolist()]
+found["alltoall_equal"] = hvd.alltoall(
+    tf.range(2 * size, dtype=tf.int32) + 100 * rank).numpy().tolist()
+found["alltoall_traced"] = tf.function(lambda x, s: hvd.alltoall(x, s)[0])(
+    rows, tf.constant([j + 1 for j in range(size)])).numpy().ravel().tolist()
+x = tf.Variable(rows)
+with tf.GradientTape() as tape:
+    y = tf.reduce_sum(hvd.alltoall(x, splits=[j + 1 for j in range(size)])[0] * (rank + 1.0))
+found["alltoall_gradient"] = tape.gradient(y, x).numpy().ravel().tolist()
+# reducescatter of 2 * size + 1 rows (uneven: rank 0 keeps one more).
+scatter = tf.reshape(tf.range(2 * size + 1, dtype=tf.float32), [-1, 1]) * (rank + 1)
+found["reducescatter"] = [hvd.reducescatter(scatter, op=op).numpy().ravel().tolist()
+                          for op in (hvd.Sum, hvd.Average)]
+found["grouped_reducescatter"] = [t.numpy().tolist() for t in hvd.grouped_reducescatter(
+    [tf.constant([rank, 1, 5] * size), scatter[:size, 0]], op=hvd.Average)]
+x = tf.Variable(scatter)
+with tf.GradientTape() as tape:
+    y = tf.reduce_sum(hvd.reducescatter(x, op=hvd.Sum) * (rank + 1.0))
+found["reducescatter_gradient"] = tape.gradient(y, x).numpy().ravel().tolist()
 found["gathered"] = hvd.allgather(tf.fill((rank + 1, 2), float(rank))).numpy().tolist()
 found["grouped_gathered"] = [t.numpy().tolist() for t in hvd.grouped_allgather(
     [tf.fill((rank + 1,), rank), tf.constant([[float(rank)]])])]
@@ -57,6 +78,28 @@ x = tf.Variable([1.0, 2.0])
 with tf.GradientTape() as tape:
     y = tf.reduce_sum(hvd.allreduce(x * (rank + 1.0), op=hvd.Sum))
 found["allreduce_gradient"] = tape.gradient(y, x).numpy().tolist()
+
+# Local gradients (Horovod's partial tape and optimizers): rank r's
+# gradients are r + 1; the local ones stay r + 1, divided by the size.
+w, v = tf.Variable([0.0]), tf.Variable([0.0])
+with tf.GradientTape() as tape:
+    loss = (rank + 1.0) * (w + v)
+tape = hvd.PartialDistributedGradientTape(tape)
+tape.register_local_source(w)
+local, shared = tape.get_local_and_global_gradients(loss, [w, v])
+found["local_and_global"] = [[(s is w, float(g[0])) for s, g in local],
+                             [(s is v, float(g[0])) for s, g in shared]]
+optimizer = hvd.DistributedOptimizer(tf.keras.optimizers.SGD(1.0))
+optimizer.register_local_var(w)
+optimizer.apply_gradients([(tf.constant([rank + 1.0]), w), (tf.constant([rank + 1.0]), v)])
+layer = tf.keras.layers.Dense(1, use_bias=False, kernel_initializer="zeros")
+layer.build((None, 1))
+partial = hvd_keras.PartialDistributedOptimizer(tf.keras.optimizers.SGD(1.0),
+                                                local_layers=layer)
+u = tf.Variable([0.0])
+partial.apply_gradients([(tf.fill((1, 1), rank + 1.0), layer.kernel),
+                         (tf.constant([rank + 1.0]), u)])
+found["local_optimizers"] = [float(w[0]), float(v[0]), float(layer.kernel[0, 0]), float(u[0])]
 
 # Training: a linear model on the global batch, each rank its rows.
 features = np.arange(6 * size * 3, dtype=np.float32).reshape(6 * size, 3) / 10.0

@@ -4,13 +4,17 @@ hvd`, and `tfdtape launch` in place of `horovodrun`.
 
 The engine is `basics` (the job, from the launcher's TF_CONFIG, a
 TF_CONFIG of your own, or a Slurm allocation) and `collectives`
-(TensorFlow's), the operations are `ops` (each checked across the processes
-by `negotiation`, fused by `fusion`), the tapes are `tape` and the Keras side `keras`
-(both wrapped as Horovod wraps, `wrapping`), and `elastic` Horovod's elastic
-API on a job that restarts (`tfdtape launch --max-restarts`). What Horovod has and this does
-not raises NotImplementedError naming the alternative (`unsupported`).
+(TensorFlow's), the operations are `ops` and `exchange` (each checked
+across the processes by `negotiation`, fused by `fusion`), the tapes are
+`tape`, `optimizer` horovod.tensorflow's DistributedOptimizer and `keras`
+the Keras side (wrapped as Horovod wraps, `wrapping`), and `elastic`
+Horovod's elastic API on a job that restarts (`tfdtape launch
+--max-restarts`). What Horovod has and this does not raises
+NotImplementedError naming the alternative (`unsupported`).
 docs/horovod.md maps one to the other.
 """
+
+import tensorflow as _tf
 
 from tfdtape.horovod import elastic
 from tfdtape.horovod.basics import ccl_built
@@ -44,6 +48,9 @@ from tfdtape.horovod.collectives import Min
 from tfdtape.horovod.collectives import Product
 from tfdtape.horovod.collectives import Sum
 from tfdtape.horovod.compression import Compression
+from tfdtape.horovod.exchange import alltoall
+from tfdtape.horovod.exchange import grouped_reducescatter
+from tfdtape.horovod.exchange import reducescatter
 from tfdtape.horovod.ops import ProcessSet
 from tfdtape.horovod.ops import allgather
 from tfdtape.horovod.ops import allgather_object
@@ -56,13 +63,12 @@ from tfdtape.horovod.ops import broadcast_variables
 from tfdtape.horovod.ops import global_process_set
 from tfdtape.horovod.ops import grouped_allgather
 from tfdtape.horovod.ops import grouped_allreduce
+from tfdtape.horovod.optimizer import DistributedOptimizer
 from tfdtape.horovod.tape import DistributedGradientTape
 from tfdtape.horovod.tape import PartialDistributedGradientTape
 from tfdtape.horovod.unsupported import refusing as _refusing
 
-alltoall = _refusing("alltoall")
-reducescatter = _refusing("reducescatter")
-grouped_reducescatter = _refusing("reducescatter")
+_executing_eagerly = _tf.executing_eagerly  # Horovod's; its tests and programs call it
 join = _refusing("join")
 start_timeline = _refusing("timeline")
 stop_timeline = _refusing("timeline")
@@ -91,6 +97,7 @@ __all__ = [
     "cuda_built",
     "ddl_built",
     "DistributedGradientTape",
+    "DistributedOptimizer",
     "elastic",
     "global_process_set",
     "gloo_built",

@@ -119,3 +119,22 @@ def broadcast(tensor, root_rank):
         return collective_ops.broadcast_recv_v2(
             tf.shape(tensor), tensor.dtype, job.size, launcher._group_key,
             launcher._next_instance_key())
+
+
+def has_all_to_all():
+    """Whether this TensorFlow has the all-to-all collective (2.13 and
+    later; 2.12 composes it from an all-gather)."""
+    return hasattr(collective_ops, "all_to_all_v2")
+
+
+def all_to_all(tensor):
+    """Row i of `tensor` (its first dimension the job's size) sent to rank
+    i; row i of the result received from rank i. The same shape and dtype
+    on every process. TensorFlow's all-to-all where the release has it,
+    else an all-gather of every row, of which each process keeps its own."""
+    job = basics.job()
+    if job.size == 1:
+        return tf.identity(tensor)
+    if has_all_to_all():
+        return _launched(collective_ops.all_to_all_v2, tensor)
+    return all_gather(tensor[None])[:, job.rank]  # [senders, receivers, ...] gathered

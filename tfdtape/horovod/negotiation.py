@@ -12,7 +12,11 @@ pairing different tensors or waiting on a collective that never comes.
 
 For an all-gather the description also carries the first dimension, which
 may differ between processes: the gather's row counts cost no collective of
-their own.
+their own. It also carries what this process is about to refuse (a scalar
+to gather, splits that do not fit): where one process refuses a collective
+that depends on its tensors, every process raises (the refusal itself where
+all refuse alike, else FailedPreconditionError naming each process's), and
+none is left waiting on a collective that never comes.
 """
 
 import zlib
@@ -25,12 +29,18 @@ from tfdtape.horovod import basics
 from tfdtape.horovod import collectives
 
 KINDS = ("allreduce", "grouped_allreduce", "allgather", "broadcast",
-         "broadcast_variables", "gradient all-reduce")
+         "broadcast_variables", "gradient all-reduce", "alltoall", "reducescatter",
+         "grouped_reducescatter")
+REFUSALS = ("nothing", "a scalar to gather", "a scalar to reduce-scatter", "a scalar to exchange",
+            "a first dimension that does not split evenly over the processes",
+            "splits that do not fit the tensor")
+"""What a process may be about to refuse, by the code its description carries."""
 _FIELDS = ("kind of collective", "reduction op", "root rank", "number of tensors", "dtypes",
            "shapes", "gradients that are None", "name") + ("shape",) * 7
 _GROUP_FIELDS = 8  # The fields that describe a group of tensors (and ride in one).
 _SINGLE_SHAPE = _GROUP_FIELDS  # Where a single tensor's shape as run starts: its rank, 6 dims.
 _ROWS = len(_FIELDS)  # The slot after the compared fields: an all-gather's rows.
+_REFUSAL = _ROWS + 1  # Then the code of what this process refuses (REFUSALS).
 _NOT_GIVEN = -1
 
 
@@ -102,19 +112,22 @@ def _fields(kind, tensors, op, root_rank, absent, name, single):
 
 
 def describe(kind, tensors, op=_NOT_GIVEN, root_rank=_NOT_GIVEN, absent=(), name=None,
-             rows=None):
+             rows=None, refusal=0):
     """The int32 description of a collective of `kind` on `tensors`: with
     `absent`, which of a tape's sources had a None gradient; with `name`,
     the name the caller gave it (Horovod pairs collectives by name); with
-    `rows`, an all-gather's first dimension (not compared). One dense tensor
-    is described by its shape as run, several by a digest of theirs."""
+    `rows`, an all-gather's first dimension (not compared); with `refusal`,
+    the index in REFUSALS (an int or int32 scalar tensor) of what this
+    process refuses. One dense tensor is described by its shape as run,
+    several by a digest of theirs."""
     single = len(tensors) == 1 and not absent and not isinstance(
         tensors[0], tf.IndexedSlices)
     fields = tf.cast(_fields(kind, tensors, op, root_rank, absent, name, single), tf.int32)
-    shape = (_runtime_shape(_values(tensors[0]), kind == "allgather") if single
+    shape = (_runtime_shape(_values(tensors[0]), kind in ("allgather", "alltoall")) if single
              else tf.fill([7], _NOT_GIVEN))
     rows = tf.reshape(tf.cast(0 if rows is None else rows, tf.int32), [1])
-    return tf.concat([fields, shape, rows], 0)
+    refusal = tf.reshape(tf.cast(refusal, tf.int32), [1])
+    return tf.concat([fields, shape, rows, refusal], 0)
 
 
 RIDER_DTYPES = (tf.float32, tf.float64)
@@ -173,19 +186,31 @@ def checked(differs, results, symbol, describe_again):
                 for result in results]
 
 
-def agreed(description, symbol):
-    """Every process's `description`, shape [size, fields + 1], once all
-    agree (the last column, an all-gather's rows, may differ).
+def agreed(description, symbol, refusal=None):
+    """Every process's `description`, shape [size, fields + 2], once all
+    agree and none refuses (the last two columns, an all-gather's rows and
+    a refusal's code, are not compared). `refusal`: the exception this
+    process raises where its description carries a refusal.
 
     Raises:
+        `refusal`: eagerly, where every process refuses alike.
         tf.errors.FailedPreconditionError: eagerly, on every process, when
-            the processes described different collectives.
+            some processes refuse (or refuse otherwise), or the processes
+            described different collectives.
         tf.errors.InvalidArgumentError: the same, in a tf.function.
     """
     everyone = tf.reshape(collectives.all_gather(description), [basics.size(), -1])
     differs = tf.reduce_any(tf.not_equal(everyone[:, :_ROWS], everyone[:1, :_ROWS]),
                             axis=0)
+    refused = everyone[:, _REFUSAL]
     if tf.executing_eagerly():
+        codes = refused.numpy()
+        if codes.any():
+            if refusal is not None and (codes == codes[0]).all():
+                raise refusal
+            raise tf.errors.FailedPreconditionError(None, None, _refused_message(
+                symbol, "refused " + ", ".join(
+                    f"process {rank}: {REFUSALS[code]}" for rank, code in enumerate(codes))))
         if differs.numpy().any():
             field = int(np.argmax(differs.numpy()))
             raise tf.errors.FailedPreconditionError(None, None, _message(
@@ -197,7 +222,11 @@ def agreed(description, symbol):
     check = tf.debugging.Assert(tf.logical_not(tf.reduce_any(differs)),
                                 [text, "descriptions per process:", everyone],
                                 summarize=-1)
-    with tf.control_dependencies([check]):
+    none_refused = tf.debugging.Assert(
+        tf.reduce_all(tf.equal(refused, 0)),
+        [_refused_message(symbol, "a refusal on a process"), "what each process refused:",
+         tf.gather(tf.constant(REFUSALS), refused)], summarize=-1)
+    with tf.control_dependencies([check, none_refused]):
         return tf.identity(everyone)
 
 
@@ -206,7 +235,7 @@ def _shape_as_run(row):
     dims = [int(dim) for dim in row[_SINGLE_SHAPE + 1:_SINGLE_SHAPE + 1 + min(rank, 5)]]
     if rank > 5:
         dims.append(f"{int(row[_SINGLE_SHAPE + 6])} in all")
-    if dims and row[0] == KINDS.index("allgather"):
+    if dims and row[0] in (KINDS.index("allgather"), KINDS.index("alltoall")):
         dims[0] = int(row[_ROWS])
     return dims
 
@@ -228,6 +257,19 @@ def _found(field, found):
     else:
         return f"{name}: not the same on every process"
     return ", ".join(f"process {rank}: {value}" for rank, value in enumerate(said))
+
+
+def rows(everyone):
+    """Each process's all-gather rows, from `agreed`'s descriptions."""
+    return everyone[:, _ROWS]
+
+
+def _refused_message(symbol, found):
+    return errors.message(
+        "processes of the job refused the collective", symbol,
+        "tensors every process can send", found,
+        "give every process tensors the collective takes (each refusal's own "
+        "error says how, on the process that refused)")
 
 
 def _message(symbol, field, found):

@@ -85,11 +85,27 @@ class ProcessSet:
 global_process_set = ProcessSet()
 
 
-def _check_averageable(tensor, op, symbol):
-    if op == Average and not (tensor.dtype.is_floating or tensor.dtype.is_complex):
-        _refuse("an integer tensor was to be averaged", symbol,
-                "a floating-point tensor for op=Average", tensor.dtype.name,
-                "pass op=hvd.Sum and divide as you need")
+def check_slices(tensors, op, prescale_factor, postscale_factor, symbol):
+    """Refuses, as Horovod does, IndexedSlices among `tensors` with an op
+    other than Sum and Average, or with a scale factor (they are gathered,
+    not reduced).
+
+    Raises:
+        NotImplementedError: so.
+    """
+    if not any(isinstance(tensor, tf.IndexedSlices) for tensor in tensors):
+        return
+    if op not in (Sum, Average):
+        _refuse("IndexedSlices were to be reduced by " + _NAMES[op], symbol,
+                "op=hvd.Sum or hvd.Average for IndexedSlices", _NAMES[op],
+                "densify them (tf.convert_to_tensor) or use sparse_as_dense=True",
+                kind=NotImplementedError)
+    if prescale_factor != 1.0 or postscale_factor != 1.0:
+        _refuse("IndexedSlices were to be scaled", symbol,
+                "prescale_factor and postscale_factor of 1 for IndexedSlices",
+                f"prescale_factor={prescale_factor}, postscale_factor={postscale_factor}",
+                "scale the values yourself, or densify them (sparse_as_dense=True)",
+                kind=NotImplementedError)
 
 
 def _scaled(value, factor):
@@ -105,60 +121,75 @@ def _scaled(value, factor):
     return value * tf.cast(factor, value.dtype)
 
 
-def _reduced(tensor, op, prescale_factor, postscale_factor, compression, symbol):
+def reduce_dense(tensor, op, prescale_factor, postscale_factor, compression, symbol):
     """The all-reduce of one dense tensor the processes agreed on,
     differentiable for Sum and Average as Horovod's: the gradient is the
     same all-reduce (negotiated) of the upstream gradient. Min, Max and
     Product have no gradient."""
 
+    def gradient(upstream):
+        if op not in (Sum, Average):
+            _refuse("a gradient through an all-reduce with no derivative", symbol,
+                    "op=hvd.Sum or hvd.Average", _NAMES[op],
+                    "differentiate around the all-reduce", kind=LookupError)
+        return allreduce(upstream, op=op, prescale_factor=prescale_factor,
+                         postscale_factor=postscale_factor, compression=compression)
+
     @tf.custom_gradient
-    def reduced(value):
+    def reduce_one(value):
         value = _scaled(value, prescale_factor)
         compressed, context = compression.compress(value)
         sendable, restore = collectives.sendable(compressed, symbol)
         result = compression.decompress(
             restore(collectives.all_reduce(sendable, op)), context)
+        if op == Average and result.dtype.is_integer:
+            # Horovod's integer average: the sum scaled by postscale / size
+            # in float64, truncated toward zero.
+            return _scaled(result, postscale_factor / basics.size()), gradient
         if op == Average:
             result = result / tf.cast(basics.size(), result.dtype)
-        result = _scaled(result, postscale_factor)
+        return _scaled(result, postscale_factor), gradient
 
-        def gradient(upstream):
-            if op not in (Sum, Average):
-                _refuse("a gradient through an all-reduce with no derivative", symbol,
-                        "op=hvd.Sum or hvd.Average", _NAMES[op],
-                        "differentiate around the all-reduce", kind=LookupError)
-            return allreduce(upstream, op=op, prescale_factor=prescale_factor,
-                             postscale_factor=postscale_factor, compression=compression)
-        return result, gradient
-
-    return reduced(tensor)
+    return reduce_one(tensor)
 
 
-def _reduced_slices(slices, op, prescale_factor, postscale_factor):
-    """IndexedSlices reduced as Horovod does: every process's values and
-    indices gathered (values scaled, and divided by the size for Average)."""
+def _reduced_slices(slices, op):
+    """IndexedSlices reduced as Horovod does (`check_slices` passed): every
+    process's values and indices gathered (values divided by the size for
+    Average)."""
     symbol = "tfdtape.horovod.allreduce"
-    if op not in (Sum, Average):
-        _refuse("IndexedSlices were to be reduced by " + _NAMES[op], symbol,
-                "op=hvd.Sum or hvd.Average for IndexedSlices", _NAMES[op],
-                "densify them (tf.convert_to_tensor) or use sparse_as_dense=True")
     values, counts = _gathered(slices.values, symbol)
     indices = _gather_rows(slices.indices, counts, symbol)
-    values = _scaled(values, prescale_factor * postscale_factor)
     if op == Average:
         values = values / tf.cast(basics.size(), values.dtype)
     return tf.IndexedSlices(values, indices, dense_shape=slices.dense_shape)
 
 
-def _negotiated(kind, tensors, symbol, **described):
+def negotiated(kind, tensors, symbol, refusal=(0, None), **described):
     """Checks that every process issues this collective (`negotiation`);
-    the processes' descriptions, or None in a job of one."""
+    the processes' descriptions, or None in a job of one. `refusal`: (the
+    code in negotiation.REFUSALS of what this process refuses, an int or
+    an int32 scalar tensor; the exception it raises): a code known when
+    traced is raised here in a graph, as Horovod raises it; else every
+    process decides alike.
+
+    Raises:
+        the refusal's exception, or tf.errors.FailedPreconditionError (see
+        `negotiation.agreed`).
+    """
+    code, exception = refusal
+    if isinstance(code, int) and code and (
+            basics.size() == 1 or not tf.executing_eagerly()):
+        raise exception
     if basics.size() == 1:
+        if tf.executing_eagerly() and int(code):
+            raise exception
         return None
-    return negotiation.agreed(negotiation.describe(kind, tensors, **described), symbol)
+    return negotiation.agreed(negotiation.describe(kind, tensors, refusal=code, **described),
+                              symbol, exception)
 
 
-def _after(everyone, tensor):
+def after(everyone, tensor):
     """`tensor`, computed after the negotiation that gave `everyone`."""
     if everyone is None or tf.executing_eagerly():
         return tensor
@@ -181,13 +212,13 @@ def allreduce(tensor, average=None, device_dense="", device_sparse="",
     symbol = "tfdtape.horovod.allreduce"
     op = resolve_op(op, average, symbol)
     check_process_set(process_set)
+    check_slices([tensor], op, prescale_factor, postscale_factor, symbol)
     with tf.name_scope(name or "HorovodAllreduce"):
         if isinstance(tensor, tf.IndexedSlices):
-            return _reduced_slices(tensor, op, prescale_factor, postscale_factor)
+            return _reduced_slices(tensor, op)
         tensor = tf.convert_to_tensor(tensor)
-        _check_averageable(tensor, op, symbol)
-        everyone = _negotiated("allreduce", [tensor], symbol, op=op, name=name)
-        return _reduced(_after(everyone, tensor), op, prescale_factor, postscale_factor,
+        everyone = negotiated("allreduce", [tensor], symbol, op=op, name=name)
+        return reduce_dense(after(everyone, tensor), op, prescale_factor, postscale_factor,
                         compression, symbol)
 
 
@@ -204,11 +235,9 @@ def reduce_group(tensors, op, prescale_factor=1.0, postscale_factor=1.0,
     (`negotiation.rider`): no collective of its own. Where the packs' sizes
     differ, TensorFlow's collective reports the mismatch first.
     """
+    check_slices(tensors, op, prescale_factor, postscale_factor, symbol)
     tensors = [tensor if isinstance(tensor, tf.IndexedSlices) else tf.convert_to_tensor(tensor)
                for tensor in tensors]
-    for tensor in tensors:
-        if not isinstance(tensor, tf.IndexedSlices):
-            _check_averageable(tensor, op, symbol)
     dense = [index for index, tensor in enumerate(tensors)
              if not isinstance(tensor, tf.IndexedSlices)]
     carrier = _rider_dtype([tensors[index] for index in dense], op, compression)
@@ -217,14 +246,14 @@ def reduce_group(tensors, op, prescale_factor=1.0, postscale_factor=1.0,
     if carrier is not None:
         riders = [negotiation.rider(kind, tensors, carrier, op, absent)]
     elif tensors or absent:
-        everyone = _negotiated(kind, tensors, symbol, op=op, absent=absent)
+        everyone = negotiated(kind, tensors, symbol, op=op, absent=absent)
     results = [None] * len(tensors)
     for index, tensor in enumerate(tensors):
         if index not in dense:
-            results[index] = _reduced_slices(tensor, op, prescale_factor, postscale_factor)
+            results[index] = _reduced_slices(tensor, op)
     reduced = fusion.fused(
-        riders + [_after(everyone, tensors[index]) for index in dense],
-        lambda pack: _reduced(pack, op, prescale_factor, postscale_factor, compression,
+        riders + [after(everyone, tensors[index]) for index in dense],
+        lambda pack: reduce_dense(pack, op, prescale_factor, postscale_factor, compression,
                               symbol),
         wire_dtype=compression.wire_dtype)
     for index, value in zip(dense, reduced[len(riders):]):
@@ -270,14 +299,13 @@ def allgather(tensor, name=None, ignore_name_scope=False, process_set=None):
     symbol = "tfdtape.horovod.allgather"
     check_process_set(process_set)
     tensor = tf.convert_to_tensor(tensor)
-    if tensor.shape.rank == 0:
-        _refuse("a scalar was to be gathered", symbol,
-                "a tensor of rank 1 or more (gathered along its first dimension)",
-                "a scalar", "gather tf.reshape(x, [1])")
     with tf.name_scope(name or "HorovodAllgather"):
         @tf.custom_gradient
         def gathered(value):
-            result, counts = _gathered(value, symbol, name)
+            result, counts = _gathered(value, symbol, name, refusal=_scalar_refusal(
+                value, 1, "a scalar was to be gathered", symbol,
+                "a tensor of rank 1 or more (gathered along its first dimension)",
+                "gather tf.reshape(x, [1])"))
 
             def gradient(upstream):
                 total = allreduce(upstream, op=Average)
@@ -288,14 +316,22 @@ def allgather(tensor, name=None, ignore_name_scope=False, process_set=None):
         return gathered(tensor)
 
 
-def _gathered(tensor, symbol, name=None):
+def _scalar_refusal(tensor, code, failed, symbol, expected, remedy):
+    """The refusal (`_negotiated`'s) of a scalar `tensor`, or none."""
+    if tensor.shape.rank != 0:
+        return 0, None
+    return code, ValueError(errors.message(failed, symbol, expected, "a scalar", remedy))
+
+
+def _gathered(tensor, symbol, name=None, refusal=(0, None)):
     """(every process's `tensor` concatenated in rank order, each one's
     first dimension), negotiated: the row counts travel in the check."""
-    everyone = _negotiated("allgather", [tensor], symbol, name=name,
-                           rows=tf.shape(tensor, out_type=tf.int32)[0])
+    everyone = negotiated("allgather", [tensor], symbol, name=name, refusal=refusal,
+                           rows=tf.shape(tf.reshape(tensor, [-1]) if tensor.shape.rank == 0
+                                         else tensor, out_type=tf.int32)[0])
     if everyone is None:
         return tf.identity(tensor), tf.shape(tensor, out_type=tf.int32)[:1]
-    counts = everyone[:, -1]
+    counts = negotiation.rows(everyone)
     return _gather_rows(tensor, counts, symbol), counts
 
 
@@ -333,9 +369,9 @@ def broadcast(tensor, root_rank, name=None, ignore_name_scope=False, process_set
     with tf.name_scope(name or "HorovodBroadcast"):
         @tf.custom_gradient
         def broadcasted(value):
-            everyone = _negotiated("broadcast", [value], symbol, root_rank=root_rank,
+            everyone = negotiated("broadcast", [value], symbol, root_rank=root_rank,
                                    name=name)
-            result = _sent(_after(everyone, value), root_rank, symbol)
+            result = _sent(after(everyone, value), root_rank, symbol)
 
             def gradient(upstream):
                 total = allreduce(upstream, op=Average)
@@ -359,9 +395,9 @@ def broadcast_variables(variables, root_rank, process_set=None, inplace=False):
     _check_root(root_rank, symbol)
     variables = list(variables)
     values = [tf.convert_to_tensor(variable) for variable in variables]
-    everyone = _negotiated("broadcast_variables", values, symbol, root_rank=root_rank) \
+    everyone = negotiated("broadcast_variables", values, symbol, root_rank=root_rank) \
         if values else None
-    sent = fusion.fused([_after(everyone, value) for value in values],
+    sent = fusion.fused([after(everyone, value) for value in values],
                         lambda pack: _sent(pack, root_rank, symbol))
     assignments = [variable.assign(value) for variable, value in zip(variables, sent)]
     if tf.executing_eagerly():

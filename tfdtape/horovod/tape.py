@@ -71,7 +71,8 @@ def _wrapped(gradtape, settings):
             "tfdtape.horovod.DistributedGradientTape", "a tf.GradientTape",
             type(gradtape).__name__, "pass the tape of your `with tf.GradientTape()` block"))
     tape = wrapping.rewrapped(gradtape, {"gradient": _gradient,
-                                         "register_local_source": _register_local_source})
+                                         "register_local_source": _register_local_source,
+                                         "get_local_and_global_gradients": _local_and_global})
     setattr(tape, _SETTINGS, dict(settings, local=set(settings["local"])))
     return tape
 
@@ -79,6 +80,27 @@ def _wrapped(gradtape, settings):
 def _register_local_source(self, source):
     """Keeps `source`'s gradient this process's own (not all-reduced)."""
     getattr(self, _SETTINGS)["local"].add(id(source))
+
+
+def divided(gradient, size):
+    """`gradient` (a tensor or IndexedSlices) divided by `size`."""
+    if size == 1:
+        return gradient
+    if isinstance(gradient, tf.IndexedSlices):
+        return tf.IndexedSlices(gradient.values / tf.cast(size, gradient.values.dtype),
+                                gradient.indices, gradient.dense_shape)
+    return gradient / tf.cast(size, gradient.dtype)
+
+
+def _local_and_global(self, target, sources, output_gradients=None,
+                      use_generic_names=False):
+    """Horovod's: (the (source, gradient) pairs of the local sources, those
+    of the others), each in the order of `sources`, from `gradient`."""
+    gradients = self.gradient(target, sources, output_gradients)
+    local = getattr(self, _SETTINGS)["local"]
+    pairs = list(zip(sources, gradients))
+    return ([pair for pair in pairs if id(pair[0]) in local],
+            [pair for pair in pairs if id(pair[0]) not in local])
 
 
 def _gradient(self, target, sources, output_gradients=None, use_generic_names=False,
@@ -99,11 +121,8 @@ def _gradient(self, target, sources, output_gradients=None, use_generic_names=Fa
             gradient = tf.convert_to_tensor(gradient)
             reduced[index] = gradient
         if id(source) in settings["local"]:
-            if settings["scale_local"] and size > 1:
-                reduced[index] = gradient / tf.cast(size, gradient.dtype) \
-                    if not isinstance(gradient, tf.IndexedSlices) else tf.IndexedSlices(
-                        gradient.values / tf.cast(size, gradient.values.dtype),
-                        gradient.indices, gradient.dense_shape)
+            if settings["scale_local"]:
+                reduced[index] = divided(gradient, size)
             continue
         shared.append(index)
     op, prescale, postscale = ops.predivided(settings["op"], settings["predivide"])

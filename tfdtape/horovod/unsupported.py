@@ -20,14 +20,6 @@ ALTERNATIVES = {
         "hvd.join (uneven numbers of steps per process)",
         "the same number of steps on every process",
         "give every process the same number of batches (tf.data's shard and take)"),
-    "alltoall": (
-        "hvd.alltoall",
-        "allreduce, grouped_allreduce, allgather or broadcast",
-        "express the exchange with hvd.allgather and a slice"),
-    "reducescatter": (
-        "hvd.reducescatter",
-        "allreduce, grouped_allreduce, allgather or broadcast",
-        "use hvd.allreduce and take this rank's slice"),
     "SyncBatchNormalization": (
         "horovod's SyncBatchNormalization",
         "Keras's own synchronized BatchNormalization",

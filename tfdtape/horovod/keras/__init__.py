@@ -1,6 +1,7 @@
 """Horovod's Keras API (`horovod.tensorflow.keras`, `horovod.keras`) for
 Keras 3 and tf_keras: `DistributedOptimizer` (`optimizer`), the callbacks
-(`callbacks`), `load_model`, `elastic` (Horovod's elastic Keras API), and
+(`callbacks`), `PartialDistributedOptimizer`, `load_model`, `elastic`
+(Horovod's elastic Keras API), and
 the collectives with the Keras module's signatures (`allreduce(value,
 name, average, ...)`), with the basics of `tfdtape.horovod` under the same
 names.
@@ -12,9 +13,11 @@ import tensorflow as tf
 
 from tfdtape.horovod import *  # noqa: F403 (Horovod's keras module re-exports them)
 from tfdtape.horovod import compression as compression_lib
+from tfdtape.horovod import exchange
 from tfdtape.horovod import ops
 from tfdtape.horovod.keras import callbacks  # noqa: F401 (hvd.callbacks.X, as Horovod)
 from tfdtape.horovod.keras.optimizer import DistributedOptimizer
+from tfdtape.horovod.keras.optimizer import PartialDistributedOptimizer  # noqa: F401
 
 # hvd.elastic is Keras's here, as in Horovod (the star import bound the other)
 elastic = importlib.import_module("tfdtape.horovod.keras.elastic")
@@ -38,6 +41,12 @@ def allgather(value, name=None):
 def broadcast(value, root_rank, name=None):
     """Horovod's Keras `broadcast`: `root_rank`'s `value` on every process."""
     return ops.broadcast(tf.convert_to_tensor(value), root_rank, name=name)
+
+
+def reducescatter(value, name=None, op=ops.Average):
+    """Horovod's Keras `reducescatter`: `value` reduced over the processes
+    by `op` (Average or Sum), this process's rows of it."""
+    return exchange.reducescatter(tf.convert_to_tensor(value), op=op, name=name)
 
 
 def load_model(filepath, custom_optimizers=None, custom_objects=None,

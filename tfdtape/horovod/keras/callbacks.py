@@ -1,6 +1,7 @@
 """Horovod's Keras callbacks (`horovod.tensorflow.keras.callbacks`):
 `BroadcastGlobalVariablesCallback`, `MetricAverageCallback`,
-`LearningRateWarmupCallback` and `LearningRateScheduleCallback`, made for
+`LearningRateWarmupCallback`, `LearningRateScheduleCallback` and
+`BestModelCheckpoint`, made for
 the Keras `tf.keras` is (Keras 3, or tf_keras with TF_USE_LEGACY_KERAS=1)."""
 
 import tensorflow as tf
@@ -151,3 +152,32 @@ class LearningRateWarmupCallback(LearningRateScheduleCallback):
         if epoch == self.end_epoch - 1 and self.verbose > 0 and basics.rank() == 0:
             print(f"\nEpoch {epoch + 1}: finished gradual learning rate warmup to "
                   f"{_learning_rate(self.model.optimizer):g}.")
+
+
+class BestModelCheckpoint(tf.keras.callbacks.ModelCheckpoint):
+    """Horovod's: a ModelCheckpoint that saves the whole model when
+    `monitor` improves (save_best_only), to `filepath` (Horovod's Spark
+    estimator sets it after construction; here it may also be given).
+
+    Raises:
+        ValueError: at the start of training, where no filepath was set.
+    """
+
+    _UNSET = "tfdtape-best-model-filepath-unset.keras"  # Keras 3 checks the suffix
+
+    def __init__(self, monitor="val_loss", verbose=0, mode="auto", save_freq="epoch",
+                 filepath=None):
+        super().__init__(filepath=filepath or self._UNSET, monitor=monitor, verbose=verbose,
+                         save_best_only=True, save_weights_only=False, mode=mode,
+                         save_freq=save_freq)
+        if filepath is None:
+            self.filepath = None
+
+    def on_train_begin(self, logs=None):
+        if self.filepath is None:
+            raise ValueError(errors.message(
+                "BestModelCheckpoint has no filepath",
+                "tfdtape.horovod.keras.callbacks.BestModelCheckpoint",
+                "a filepath set before fit", "None",
+                "pass filepath= or set callback.filepath before model.fit"))
+        super().on_train_begin(logs)

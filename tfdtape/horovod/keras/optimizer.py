@@ -8,8 +8,10 @@ import threading
 import tensorflow as tf
 
 from tfdtape import errors
+from tfdtape.horovod import basics
 from tfdtape.horovod import compression as compression_lib
 from tfdtape.horovod import ops
+from tfdtape.horovod import tape as tape_lib
 from tfdtape.horovod import wrapping
 
 
@@ -18,7 +20,7 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
                          sparse_as_dense=False, gradient_predivide_factor=1.0,
                          op=ops.Average, backward_passes_per_step=1,
                          average_aggregated_gradients=False, num_groups=0, groups=None,
-                         process_set=None, scale_local_gradients=True):
+                         process_set=None, scale_local_gradients=True, local_layers=()):
     """`optimizer` (a Keras 3 or tf_keras optimizer, a LossScaleOptimizer
     too) that all-reduces the gradients across the processes by `op`
     (Horovod's default: the average) before applying them: in `model.fit`
@@ -34,6 +36,11 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
     the accumulated sum (divided by N with `average_aggregated_gradients`),
     applies it and resets the accumulators by assignment; `iterations`
     counts every call.
+
+    The weights of `local_layers` (`PartialDistributedOptimizer`'s), and
+    variables given to its `register_local_var`, keep this process's
+    gradient (divided by the size with `scale_local_gradients`), as
+    Horovod's.
 
     Raises:
         ValueError: `gradient_predivide_factor` with an op other than
@@ -58,8 +65,46 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
     settings = {
         "op": op, "prescale": prescale, "postscale": postscale,
         "compression": compression, "sparse_as_dense": sparse_as_dense,
-        "passes": backward_passes_per_step, "average_passes": average_aggregated_gradients}
+        "passes": backward_passes_per_step, "average_passes": average_aggregated_gradients,
+        "scale_local": scale_local_gradients,
+        "local": {id(weight) for layer in local_layers for weight in layer.trainable_weights}}
     return _distributed(optimizer, settings)
+
+
+def PartialDistributedOptimizer(optimizer, name=None, device_dense="", device_sparse="",
+                                compression=compression_lib.Compression.none,
+                                sparse_as_dense=False, gradient_predivide_factor=1.0,
+                                op=ops.Average, backward_passes_per_step=1,
+                                average_aggregated_gradients=False, groups=None,
+                                process_set=None, local_layers=None,
+                                scale_local_gradients=True):
+    """Horovod's `horovod.keras.PartialDistributedOptimizer`: a
+    `DistributedOptimizer` whose `local_layers` (a Keras layer or a list of
+    them) keep this process's gradients.
+
+    Raises:
+        ValueError: an op other than Average and Sum, or local layers that
+            are not Keras layers (as Horovod's); else as DistributedOptimizer.
+    """
+    symbol = "tfdtape.horovod.keras.PartialDistributedOptimizer"
+    if ops.resolve_op(op, None, symbol) not in (ops.Average, ops.Sum):
+        raise ValueError(errors.message(
+            "a PartialDistributedOptimizer reducing by another op than Average or Sum",
+            symbol, "op=hvd.Average or hvd.Sum", repr(op), "pass one of them"))
+    layers = [] if local_layers is None else (
+        [local_layers] if not isinstance(local_layers, (list, tuple)) else list(local_layers))
+    if not all(hasattr(layer, "trainable_weights") for layer in layers):
+        raise ValueError(errors.message(
+            "local_layers that are not Keras layers", symbol, "Keras layers",
+            ", ".join(type(layer).__name__ for layer in layers),
+            "pass the model's layers whose gradients stay local"))
+    return DistributedOptimizer(
+        optimizer, name=name, compression=compression, sparse_as_dense=sparse_as_dense,
+        gradient_predivide_factor=gradient_predivide_factor, op=op,
+        backward_passes_per_step=backward_passes_per_step,
+        average_aggregated_gradients=average_aggregated_gradients, groups=groups,
+        process_set=process_set, scale_local_gradients=scale_local_gradients,
+        local_layers=layers)
 
 
 def _is_keras3(optimizer):
@@ -75,14 +120,15 @@ def _is_keras3_loss_scale(optimizer):
 def _distributed(optimizer, settings):
     """A copy of `optimizer` whose methods all-reduce as `settings` says."""
     if _is_keras3(optimizer):
-        methods = {"apply": _apply}
+        methods = {"apply": _apply, "register_local_var": _register_local_var}
         if not _is_keras3_loss_scale(optimizer):
             methods["loss_scale_factor"] = property(_loss_scale_factor,
                                                     _set_loss_scale_factor)
     else:
         aggregation = ("aggregate_gradients" if hasattr(optimizer, "aggregate_gradients")
                        else "_aggregate_gradients")
-        methods = {"apply_gradients": _apply_gradients, aggregation: _aggregate(aggregation)}
+        methods = {"apply_gradients": _apply_gradients, aggregation: _aggregate(aggregation),
+                   "register_local_var": _register_local_var}
     wrapped = wrapping.rewrapped(optimizer, methods)
     _settle(wrapped, settings)
     return wrapped
@@ -92,12 +138,20 @@ def _settle(optimizer, settings):
     """Gives `optimizer` its all-reduce `settings` and its state, kept out
     of Keras's and TensorFlow's tracking (not saved with the optimizer)."""
     object.__setattr__(optimizer, "_tfdtape_horovod", dict(
-        {key: settings[key] for key in _OPTIONS}, accumulators=None,
-        aggregated=None, applying=False))
+        {key: settings[key] for key in _OPTIONS}, local=set(settings["local"]),
+        accumulators=None, aggregated=None, applying=False))
 
 
 _OPTIONS = ("op", "prescale", "postscale", "compression", "sparse_as_dense", "passes",
-            "average_passes")
+            "average_passes", "scale_local")
+
+
+def _register_local_var(self, var):
+    """Horovod's: `var`'s gradient stays this process's own (not
+    all-reduced; divided by the size with scale_local_gradients)."""
+    self._tfdtape_horovod["local"].add(id(var))
+
+
 """The settings that say how a DistributedOptimizer all-reduces."""
 
 
@@ -274,11 +328,17 @@ def _reduced_pairs(self, pairs):
     say (None stays None, and is part of the check)."""
     settings = self._tfdtape_horovod
     gradients = [gradient for gradient, _ in pairs]
-    present = [index for index, gradient in enumerate(gradients) if gradient is not None]
+    local = [id(variable) in settings["local"] for _, variable in pairs]
     if settings["sparse_as_dense"]:
         gradients = [tf.convert_to_tensor(g) if isinstance(g, tf.IndexedSlices) else g
                      for g in gradients]
-    absent = tuple(index for index, gradient in enumerate(gradients) if gradient is None)
+    for index, gradient in enumerate(gradients):
+        if local[index] and gradient is not None and settings["scale_local"]:
+            gradients[index] = tape_lib.divided(gradient, basics.size())
+    present = [index for index, gradient in enumerate(gradients)
+               if gradient is not None and not local[index]]
+    absent = tuple(index for index, gradient in enumerate(gradients)
+                   if gradient is None and not local[index])
     with tf.name_scope("DistributedOptimizer_Allreduce"):
         reduced = ops.reduce_group(
             [gradients[index] for index in present], settings["op"],

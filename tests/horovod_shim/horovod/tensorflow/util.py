@@ -1,0 +1,3 @@
+"""`horovod.tensorflow.util`: the one member Horovod's test files import."""
+
+from tfdtape.horovod import _executing_eagerly  # noqa: F401
