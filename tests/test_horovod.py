@@ -967,7 +967,8 @@ def test_alltoall_and_reducescatter_alone(alone):
     output, received = hvd.alltoall(rows, splits=[2])
     assert output.numpy().tolist() == [[0.0, 1.0], [2.0, 3.0]]
     assert received.dtype == tf.int32 and received.numpy().tolist() == [2]
-    traced = tf.function(lambda x: hvd.alltoall(x, splits=tf.constant([1])))
+    traced = tf.function(lambda x: hvd.alltoall(x, splits=tf.constant([1])),
+                         input_signature=[tf.TensorSpec([None, 2])])
     assert traced(rows)[0].numpy().tolist() == [[0.0, 1.0]]
     for splits in ([4], [-1], [1, 1]):
         with pytest.raises(tf.errors.InvalidArgumentError,
