@@ -98,8 +98,6 @@ def test_a_tape_must_be_a_tape(alone):
     lambda: hvd.allreduce(tf.constant(1.0), op=hvd.Adasum),
     lambda: hvd.join(),
     lambda: hvd.start_timeline("/tmp/t.json"),
-    lambda: hvd.add_process_set([0]),
-    lambda: hvd.allreduce(tf.constant(1.0), process_set=object()),
     lambda: hvd.SyncBatchNormalization(),
     lambda: hvd.init(comm=[0, 1]),
 ])
@@ -668,7 +666,7 @@ def test_a_check_riding_in_a_sum_finds_exactly_the_fields_that_differ(monkeypatc
     gradients are None) differ, that field alone, on every process alike;
     also where the processes' values average to one process's own."""
     from tfdtape.horovod import negotiation
-    monkeypatch.setattr(negotiation.basics, "size", lambda: 3)
+    monkeypatch.setattr(negotiation.collectives, "size", lambda: 3)
     field = negotiation._FIELDS.index
 
     def differs(*groups):
@@ -1020,3 +1018,56 @@ def test_horovod_tensorflow_s_distributed_optimizer_and_best_checkpoint_alone(
     model.fit(x, y, epochs=2, verbose=0, callbacks=[best])
     restored = tf.keras.models.load_model(best.filepath)
     np.testing.assert_array_equal(restored.get_weights()[0], model.get_weights()[0])
+
+
+def test_process_sets_in_a_job_of_one(alone):
+    """The global set is every process; a set of ranks the job lacks, one
+    added twice, one not registered and an unknown id are refused; ids are
+    never reused."""
+    assert hvd.global_process_set.ranks == [0] and hvd.global_process_set.size() == 1
+    assert hvd.global_process_set.rank() == 0 and hvd.global_process_set.included()
+    assert int(hvd.size_op(process_set_id=0)) == 1
+    assert int(hvd.process_set_included_op(0)) == 1
+    assert hvd.ProcessSet([0]).ranks == [0] and hvd.ProcessSet((2, 1)).ranks == [1, 2]
+    with pytest.raises(ValueError, match="a ProcessSet of something other than ranks"):
+        hvd.ProcessSet([0.5])
+    with pytest.raises(ValueError, match=r"a process set was added twice .*found \[0\]"):
+        hvd.add_process_set([0])
+    with pytest.raises(ValueError, match=r"a process set of ranks the job does not have "
+                                         r".*expected distinct ranks from 0 to 0"):
+        hvd.add_process_set(hvd.ProcessSet([1]))
+    for process_set in (hvd.ProcessSet([0]), object()):
+        with pytest.raises(ValueError, match="a collective in a process set that is not "
+                                             "registered"):
+            hvd.allreduce(tf.constant(1.0), process_set=process_set)
+    with pytest.raises(ValueError, match="a process set id that is not registered"):
+        hvd.size_op(process_set_id=7)
+    assert not hvd.remove_process_set(hvd.global_process_set)
+    assert not hvd.remove_process_set(hvd.ProcessSet([0]))
+
+
+@pytest.mark.cluster
+@pytest.mark.per_release(False)
+def test_process_sets_run_collectives_among_their_members():
+    """On 4 processes, with sets [0, 2] and [1, 3] given to init and [0, 1, 3]
+    added later: every collective among a set's members only (its size,
+    its order, the global root of a broadcast, gradients in the set), a
+    process outside a set refused (InvalidArgumentError, as Horovod), and
+    collectives of every process in step after them."""
+    completed = launch(4, "process_sets.py")
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    found = outputs(completed)
+    for rank, result in found.items():
+        mine = [0, 2] if rank % 2 == 0 else [1, 3]
+        assert result["set"] == [mine, mine.index(rank), 2, 1]
+        assert result["sum"] == [float(sum(r + 1 for r in mine))] * 2
+        assert result["gathered"] == [[float(r)] * (r + 1) for r in mine]
+        assert result["broadcast"] == [float(mine[1])] * 3
+        assert result["alltoall"] == [10 * r + mine.index(rank) for r in mine]
+        assert result["reducescatter"] == [float(sum(mine) + 4 * mine.index(rank))]
+        assert result["tape"] == [float(sum(r + 1 for r in mine)) / 2]
+        assert result["foreign"].startswith(
+            "tfdtape: a collective in a process set this process is not in")
+        added = [0, 1, 3]
+        assert result["added"] == (float(sum(added)) if rank in added else "not in it")
+        assert result["removed"] is True and result["global"] == 6.0

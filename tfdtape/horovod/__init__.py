@@ -35,6 +35,7 @@ from tfdtape.horovod.basics import mpi_built
 from tfdtape.horovod.basics import mpi_enabled
 from tfdtape.horovod.basics import mpi_threads_supported
 from tfdtape.horovod.basics import nccl_built
+from tfdtape.horovod.basics import process_set_included_op
 from tfdtape.horovod.basics import rank
 from tfdtape.horovod.basics import rank_op
 from tfdtape.horovod.basics import rocm_built
@@ -51,7 +52,6 @@ from tfdtape.horovod.compression import Compression
 from tfdtape.horovod.exchange import alltoall
 from tfdtape.horovod.exchange import grouped_reducescatter
 from tfdtape.horovod.exchange import reducescatter
-from tfdtape.horovod.ops import ProcessSet
 from tfdtape.horovod.ops import allgather
 from tfdtape.horovod.ops import allgather_object
 from tfdtape.horovod.ops import allreduce
@@ -60,10 +60,13 @@ from tfdtape.horovod.ops import broadcast_
 from tfdtape.horovod.ops import broadcast_global_variables
 from tfdtape.horovod.ops import broadcast_object
 from tfdtape.horovod.ops import broadcast_variables
-from tfdtape.horovod.ops import global_process_set
 from tfdtape.horovod.ops import grouped_allgather
 from tfdtape.horovod.ops import grouped_allreduce
 from tfdtape.horovod.optimizer import DistributedOptimizer
+from tfdtape.horovod.process_sets import ProcessSet
+from tfdtape.horovod.process_sets import add_process_set
+from tfdtape.horovod.process_sets import global_process_set
+from tfdtape.horovod.process_sets import remove_process_set
 from tfdtape.horovod.tape import DistributedGradientTape
 from tfdtape.horovod.tape import PartialDistributedGradientTape
 from tfdtape.horovod.unsupported import refusing as _refusing
@@ -72,8 +75,6 @@ _executing_eagerly = _tf.executing_eagerly  # Horovod's; its tests and programs 
 join = _refusing("join")
 start_timeline = _refusing("timeline")
 stop_timeline = _refusing("timeline")
-add_process_set = _refusing("process_sets")
-remove_process_set = _refusing("process_sets")
 SyncBatchNormalization = _refusing("SyncBatchNormalization")
 
 
@@ -120,6 +121,7 @@ __all__ = [
     "mpi_threads_supported",
     "nccl_built",
     "PartialDistributedGradientTape",
+    "process_set_included_op",
     "ProcessSet",
     "Product",
     "rank",

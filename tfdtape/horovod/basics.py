@@ -47,8 +47,12 @@ class Job:
 def init(comm=None, process_sets=None):
     """Joins the job this process belongs to (once; later calls do nothing).
 
+    `process_sets`: ProcessSets (or lists of ranks) to register, in order
+    (`process_sets`); every process must give the same.
+
     Raises:
-        NotImplementedError: `comm` (an MPI communicator) or `process_sets`.
+        NotImplementedError: `comm` (an MPI communicator).
+        ValueError: a process set of ranks the job does not have.
         RuntimeError: this process sees several GPUs (one process per GPU:
             start it with `tfdtape launch`), or TensorFlow's runtime started
             before `init()` with several processes.
@@ -60,14 +64,13 @@ def init(comm=None, process_sets=None):
             "no comm (tfdtape.horovod has no MPI: its processes find each other "
             "through TF_CONFIG, which `tfdtape launch` sets)", type(comm).__name__,
             "call hvd.init() without comm and start the job with `tfdtape launch`"))
-    if process_sets:
-        from tfdtape.horovod import unsupported
-        unsupported.refuse("process_sets")
     with _lock:
         if _joined is None:
             with context.eager_mode():  # though a TensorFlow 1 graph be the default here
                 _joined = _join()
         _state = _joined
+        from tfdtape.horovod import process_sets as sets  # it reads this module
+        sets.start(_state.size, process_sets)
         process_job.register(process_job.ProcessJob(rank=_state.rank, size=_state.size))
 
 
@@ -204,8 +207,17 @@ def _as_tensor(value, name):
 
 
 def size_op(process_set_id=0, name=None):
-    """`size()` as an int32 tensor, as Horovod's graph op gives it."""
-    return _as_tensor(size(), name)
+    """The size of the process set `process_set_id` (0: the job) as an
+    int32 tensor, as Horovod's graph op gives it."""
+    from tfdtape.horovod import process_sets
+    return _as_tensor(process_sets.size_of(process_set_id), name)
+
+
+def process_set_included_op(process_set_id=0, name=None):
+    """Whether this process is in the process set `process_set_id`: an
+    int32 tensor, 1 or 0, as Horovod's."""
+    from tfdtape.horovod import process_sets
+    return _as_tensor(int(process_sets.included(process_set_id)), name)
 
 
 def rank_op(name=None):

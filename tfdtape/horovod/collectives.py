@@ -2,17 +2,27 @@
 all-reduce, all-gather and broadcast that `ops` issues once `negotiation`
 found every process issuing the same one.
 
-Each runs on this process's device with the strategy's group and instance
-keys and its ordering token, so that collectives of one tf.function run in
-program order; in a job of one process each is the identity.
+Each runs on this process's device among the processes of the process set
+in effect (`within`; every process by default): for every process, with the
+strategy's group and instance keys and its ordering token, so that
+collectives of one tf.function run in program order; for a set, with a
+group of the set's own (`process_sets`). In a group of one process each is
+the identity.
 """
 
+import contextlib
+import contextvars
+import dataclasses
+
 import tensorflow as tf
+from tensorflow.python.distribute import collective_util
+from tensorflow.python.distribute import cross_device_utils
 from tensorflow.python.ops import collective_ops
 from tensorflow.python.ops import control_flow_util
 
 from tfdtape import errors
 from tfdtape.horovod import basics
+from tfdtape.horovod import process_sets
 
 Average, Sum, Adasum, Min, Max, Product = 0, 1, 2, 3, 4, 5
 """Horovod's reduction ops, with its values."""
@@ -24,6 +34,93 @@ MERGES = {Average: "Add", Sum: "Add", Min: "Min", Max: "Max", Product: "Mul"}
 
 _WIDENED = (tf.bool, tf.int8, tf.uint8, tf.int16, tf.uint16)
 """Dtypes TensorFlow's collectives do not carry: sent as int32."""
+
+
+_SET_GROUP_KEYS = 1 << 24
+"""A process set's group key is this plus its id: far above the keys the
+strategy gives out (from 1, one per group of devices)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Group:
+    """The processes a collective runs among: their global `ranks`, this
+    process's `rank` among them, and the launcher of their collectives."""
+    ranks: tuple
+    rank: int
+    launcher: object
+
+    @property
+    def size(self):
+        return len(self.ranks)
+
+
+_current = contextvars.ContextVar("tfdtape_horovod_process_set", default=0)
+_groups = {}  # (the job, a process set's id) -> Group
+
+
+@contextlib.contextmanager
+def within(process_set, symbol):
+    """Runs the block's collectives among `process_set`'s processes (None:
+    the set in effect, every process at the top), checked as
+    `process_sets.members` checks it."""
+    if process_set is None:
+        process_set_id = _current.get()
+    else:
+        process_set_id, _ = process_sets.members(process_set, symbol)
+    with resumed(process_set_id):
+        yield
+
+
+@contextlib.contextmanager
+def resumed(process_set_id):
+    """Runs the block's collectives in the set `current_set()` gave (a
+    gradient's, computed after its collective's block ended)."""
+    token = _current.set(process_set_id)
+    try:
+        yield
+    finally:
+        _current.reset(token)
+
+
+def current_set():
+    """The id of the process set in effect (0: every process)."""
+    return _current.get()
+
+
+def group():
+    """The Group of the process set in effect."""
+    job = basics.job()
+    process_set_id = _current.get()
+    key = (id(job), process_set_id)
+    if key not in _groups:
+        ranks = tuple(range(job.size)) if process_set_id == 0 else \
+            process_sets.members_of(process_set_id)
+        _groups[key] = Group(ranks=ranks, rank=ranks.index(job.rank),
+                             launcher=_launcher(job, process_set_id, len(ranks)))
+    return _groups[key]
+
+
+def _launcher(job, process_set_id, size):
+    """The job's launcher for set 0; for another set, one of its own: its
+    group key, its instance keys, this process's device."""
+    if process_set_id == 0 or size == 1:
+        return job.launcher
+    group_key = _SET_GROUP_KEYS + process_set_id
+    keys = cross_device_utils.CollectiveKeys(group_key_start=group_key)
+    keys.get_group_key([job.device])  # registers the group's instance keys
+    with tf.init_scope():
+        return cross_device_utils.CollectiveReplicaLauncher(
+            group_key, size, keys, job.device, collective_util.Options())
+
+
+def size():
+    """The number of processes of the process set in effect."""
+    return group().size
+
+
+def rank():
+    """This process's rank among the process set in effect."""
+    return group().rank
 
 
 def sendable(tensor, symbol):
@@ -78,14 +175,14 @@ def _refuse_xla():
 
 
 def _launched(collective, tensor, **options):
-    job = basics.job()
-    if job.size == 1:
+    job, members = basics.job(), group()
+    if members.size == 1:
         return tf.identity(tensor)
     _refuse_session_graph()
     _refuse_xla()
-    launcher = job.launcher
+    launcher = members.launcher
     with tf.device(job.device):
-        return collective(tensor, job.size, launcher._group_key,
+        return collective(tensor, members.size, launcher._group_key,
                           launcher._next_instance_key(),
                           ordering_token=launcher._get_ordering_token(), **options)
 
@@ -106,18 +203,18 @@ def all_gather(tensor):
 def broadcast(tensor, root_rank):
     """`root_rank`'s `tensor` on every process; the others' `tensor` gives
     only the shape and dtype, which must be the root's."""
-    job = basics.job()
-    if job.size == 1:
+    job, members = basics.job(), group()
+    if members.size == 1:
         return tf.identity(tensor)
     _refuse_session_graph()
     _refuse_xla()
-    launcher = job.launcher
+    launcher = members.launcher
     with tf.device(job.device):
         if job.rank == root_rank:
             return collective_ops.broadcast_send_v2(
-                tensor, job.size, launcher._group_key, launcher._next_instance_key())
+                tensor, members.size, launcher._group_key, launcher._next_instance_key())
         return collective_ops.broadcast_recv_v2(
-            tf.shape(tensor), tensor.dtype, job.size, launcher._group_key,
+            tf.shape(tensor), tensor.dtype, members.size, launcher._group_key,
             launcher._next_instance_key())
 
 
@@ -132,9 +229,9 @@ def all_to_all(tensor):
     i; row i of the result received from rank i. The same shape and dtype
     on every process. TensorFlow's all-to-all where the release has it,
     else an all-gather of every row, of which each process keeps its own."""
-    job = basics.job()
-    if job.size == 1:
+    members = group()
+    if members.size == 1:
         return tf.identity(tensor)
     if has_all_to_all():
         return _launched(collective_ops.all_to_all_v2, tensor)
-    return all_gather(tensor[None])[:, job.rank]  # [senders, receivers, ...] gathered
+    return all_gather(tensor[None])[:, members.rank]  # [senders, receivers, ...] gathered

@@ -13,7 +13,6 @@ which each process keeps its rows.
 import tensorflow as tf
 
 from tfdtape import errors
-from tfdtape.horovod import basics
 from tfdtape.horovod import collectives
 from tfdtape.horovod import compression as compression_lib
 from tfdtape.horovod import fusion
@@ -44,7 +43,7 @@ def _rows(tensor):
 def _splits_refusal(tensor, splits, symbol):
     """(the code in negotiation.REFUSALS of what is wrong with `tensor` and
     `splits` on this process, an int or int32 scalar tensor; the error)."""
-    size = basics.size()
+    size = collectives.size()
     if tensor.shape.rank == 0:
         return _refusal(negotiation.REFUSALS.index("a scalar to exchange"),
                         "a scalar was to be exchanged", symbol,
@@ -76,6 +75,7 @@ def _splits_refusal(tensor, splits, symbol):
     return tf.where(uneven, code, 0), error
 
 
+@ops.in_process_set
 def alltoall(tensor, splits=None, name=None, ignore_name_scope=False, process_set=None):
     """Horovod's alltoall: `tensor`'s first dimension cut into `splits[i]`
     rows for process i (without `splits`, equal parts: the first dimension
@@ -88,7 +88,6 @@ def alltoall(tensor, splits=None, name=None, ignore_name_scope=False, process_se
     gradient is Horovod's: the alltoall of the upstream gradient back (zeros
     for rows that `splits` left unsent)."""
     symbol = "tfdtape.horovod.alltoall"
-    ops.check_process_set(process_set)
     tensor = tf.convert_to_tensor(tensor)
     given = splits is not None
     if given:
@@ -100,8 +99,11 @@ def alltoall(tensor, splits=None, name=None, ignore_name_scope=False, process_se
         def exchanged(value):
             output, received = _exchanged(value, splits, symbol, name)
 
+            process_set_id = collectives.current_set()
+
             def gradient(upstream, _received_upstream=None):
-                back = alltoall(upstream, received, name=name)[0]
+                with collectives.resumed(process_set_id):
+                    back = alltoall(upstream, received, name=name)[0]
                 unsent = tf.shape(value)[0] - tf.shape(back)[0]  # rows splits left out
                 return tf.pad(back, [[0, unsent]] + [[0, 0]] * (value.shape.rank - 1))
             return (output, received), gradient
@@ -113,7 +115,7 @@ def alltoall(tensor, splits=None, name=None, ignore_name_scope=False, process_se
 def _exchanged(tensor, splits, symbol, name):
     """(the rows received, how many from each process), once every process
     agreed (`negotiation`) and none refused its splits."""
-    size, rank = basics.size(), basics.rank()
+    size, rank = collectives.size(), collectives.rank()
     code, error = refusal = _splits_refusal(tensor, splits, symbol)
     everyone = ops.negotiated("alltoall", [tensor], symbol, name=name, rows=_rows(tensor),
                               refusal=refusal)
@@ -144,10 +146,11 @@ def _never_empty(exchange, rows):
     """`exchange` of `rows` (first dimension the job's size) flattened, one
     element more per row: TensorFlow 2.21's all-to-all of no elements
     crashes the process. Returns the exchanged rows, flat."""
-    flat = tf.reshape(rows, [basics.size(), -1])
+    flat = tf.reshape(rows, [collectives.size(), -1])
     return exchange(tf.pad(flat, [[0, 0], [0, 1]]))[:, :-1]
 
 
+@ops.in_process_set
 def reducescatter(tensor, device_dense="", compression=compression_lib.Compression.none,
                   op=Average, name=None, process_set=None, ignore_name_scope=False,
                   prescale_factor=1.0, postscale_factor=1.0):
@@ -159,19 +162,18 @@ def reducescatter(tensor, device_dense="", compression=compression_lib.Compressi
     process). Its gradient is Horovod's: the all-gather of the upstream
     gradient, times the size for Sum, and times the scale factors."""
     symbol = "tfdtape.horovod.reducescatter"
-    ops.check_process_set(process_set)
     with tf.name_scope(name or "HorovodReducescatter"):
         return _scattered([tensor], op, prescale_factor, postscale_factor, compression,
                           "reducescatter", symbol, name)[0]
 
 
+@ops.in_process_set
 def grouped_reducescatter(tensors, device_dense="",
                           compression=compression_lib.Compression.none, op=Average,
                           process_set=None, prescale_factor=1.0, postscale_factor=1.0):
     """`reducescatter` of each of `tensors`, checked once for all of them
     and fused into as few all-reduces as `fusion` packs them."""
     symbol = "tfdtape.horovod.grouped_reducescatter"
-    ops.check_process_set(process_set)
     return _scattered(list(tensors), op, prescale_factor, postscale_factor, compression,
                       "grouped_reducescatter", symbol, None)
 
@@ -215,10 +217,13 @@ def _scattered(tensors, op, prescale_factor, postscale_factor, compression, kind
             wire_dtype=compression.wire_dtype)
         results = [_own_rows(value) for value in reduced]
 
+        process_set_id = collectives.current_set()
+
         def gradient(*upstream):
-            factor = prescale_factor * postscale_factor * (
-                basics.size() if op == Sum else 1)
-            return [ops.allgather(_times(grad, factor)) for grad in upstream]
+            with collectives.resumed(process_set_id):
+                factor = prescale_factor * postscale_factor * (
+                    collectives.size() if op == Sum else 1)
+                return [ops.allgather(_times(grad, factor)) for grad in upstream]
         return results, gradient
 
     return list(scattered(*tensors))
@@ -231,7 +236,7 @@ def _times(value, factor):
 def _own_rows(value):
     """This process's rows of `value`: the first dimension cut into the
     job's size of parts, the first (dim % size) one row longer."""
-    size, rank = basics.size(), basics.rank()
+    size, rank = collectives.size(), collectives.rank()
     rows = _rows(value)
     short, extra = rows // size, rows % size
     start = rank * short + tf.minimum(rank, extra)

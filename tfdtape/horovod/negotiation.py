@@ -25,7 +25,6 @@ import numpy as np
 import tensorflow as tf
 
 from tfdtape import errors
-from tfdtape.horovod import basics
 from tfdtape.horovod import collectives
 
 KINDS = ("allreduce", "grouped_allreduce", "allgather", "broadcast",
@@ -159,7 +158,7 @@ def rider_differs(reduced, scale):
     all-reduced rider (their sum times `scale`)."""
     sums = tf.round(tf.cast(reduced, tf.float64) / scale)
     first, second = tf.split(sums, 2)
-    differs = tf.not_equal(basics.size() * second, first * first)
+    differs = tf.not_equal(collectives.size() * second, first * first)
     return tf.reduce_any(tf.reshape(differs, [-1, _NIBBLES]), axis=1)
 
 
@@ -199,7 +198,7 @@ def agreed(description, symbol, refusal=None):
             described different collectives.
         tf.errors.InvalidArgumentError: the same, in a tf.function.
     """
-    everyone = tf.reshape(collectives.all_gather(description), [basics.size(), -1])
+    everyone = tf.reshape(collectives.all_gather(description), [collectives.size(), -1])
     differs = tf.reduce_any(tf.not_equal(everyone[:, :_ROWS], everyone[:1, :_ROWS]),
                             axis=0)
     refused = everyone[:, _REFUSAL]

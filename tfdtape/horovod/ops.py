@@ -11,6 +11,8 @@ A job of one process: every collective is the identity (scaling and
 averaging still apply).
 """
 
+import functools
+import inspect
 import numbers
 import pickle
 
@@ -23,6 +25,7 @@ from tfdtape.horovod import collectives
 from tfdtape.horovod import compression as compression_lib
 from tfdtape.horovod import fusion
 from tfdtape.horovod import negotiation
+from tfdtape.horovod import process_sets
 from tfdtape.horovod.collectives import Adasum
 from tfdtape.horovod.collectives import Average
 from tfdtape.horovod.collectives import Sum
@@ -52,11 +55,18 @@ def resolve_op(op, average, symbol):
     return op
 
 
-def check_process_set(process_set):
-    """Refuses any process set but the one of every process."""
-    if process_set is not None and process_set is not global_process_set:
-        from tfdtape.horovod import unsupported
-        unsupported.refuse("process_sets")
+def in_process_set(function):
+    """`function` (a collective taking `process_set`) run among its process
+    set's processes (`collectives.within`)."""
+    signature = inspect.signature(function)
+    symbol = "tfdtape.horovod." + function.__name__
+
+    @functools.wraps(function)
+    def run(*args, **kwargs):
+        process_set = signature.bind(*args, **kwargs).arguments.get("process_set")
+        with collectives.within(process_set, symbol):
+            return function(*args, **kwargs)
+    return run
 
 
 def check_predivide(op, predivide, symbol):
@@ -67,22 +77,15 @@ def check_predivide(op, predivide, symbol):
                 "drop gradient_predivide_factor, or use op=hvd.Average")
 
 
-def predivided(op, predivide):
+def predivided(op, predivide, process_set=None):
     """(op, prescale, postscale) of Horovod's gradient predivision: Average
-    with a factor f is a Sum scaled by 1/f before and f/size after."""
+    with a factor f is a Sum scaled by 1/f before and f/size after (the
+    size of `process_set`; None: the set in effect)."""
     if op == Average and predivide != 1.0:
-        return Sum, 1.0 / predivide, predivide / basics.size()
+        size = collectives.size() if process_set in (None, process_sets.global_process_set) \
+            else len(process_set.ranks)
+        return Sum, 1.0 / predivide, predivide / size
     return op, 1.0, 1.0
-
-
-class ProcessSet:
-    """The one process set tfdtape.horovod has: every process."""
-
-    def __repr__(self):
-        return "ProcessSet(all processes)"
-
-
-global_process_set = ProcessSet()
 
 
 def check_slices(tensors, op, prescale_factor, postscale_factor, symbol):
@@ -127,13 +130,16 @@ def reduce_dense(tensor, op, prescale_factor, postscale_factor, compression, sym
     same all-reduce (negotiated) of the upstream gradient. Min, Max and
     Product have no gradient."""
 
+    process_set_id = collectives.current_set()
+
     def gradient(upstream):
         if op not in (Sum, Average):
             _refuse("a gradient through an all-reduce with no derivative", symbol,
                     "op=hvd.Sum or hvd.Average", _NAMES[op],
                     "differentiate around the all-reduce", kind=LookupError)
-        return allreduce(upstream, op=op, prescale_factor=prescale_factor,
-                         postscale_factor=postscale_factor, compression=compression)
+        with collectives.resumed(process_set_id):
+            return allreduce(upstream, op=op, prescale_factor=prescale_factor,
+                             postscale_factor=postscale_factor, compression=compression)
 
     @tf.custom_gradient
     def reduce_one(value):
@@ -145,9 +151,9 @@ def reduce_dense(tensor, op, prescale_factor, postscale_factor, compression, sym
         if op == Average and result.dtype.is_integer:
             # Horovod's integer average: the sum scaled by postscale / size
             # in float64, truncated toward zero.
-            return _scaled(result, postscale_factor / basics.size()), gradient
+            return _scaled(result, postscale_factor / collectives.size()), gradient
         if op == Average:
-            result = result / tf.cast(basics.size(), result.dtype)
+            result = result / tf.cast(collectives.size(), result.dtype)
         return _scaled(result, postscale_factor), gradient
 
     return reduce_one(tensor)
@@ -161,7 +167,7 @@ def _reduced_slices(slices, op):
     values, counts = _gathered(slices.values, symbol)
     indices = _gather_rows(slices.indices, counts, symbol)
     if op == Average:
-        values = values / tf.cast(basics.size(), values.dtype)
+        values = values / tf.cast(collectives.size(), values.dtype)
     return tf.IndexedSlices(values, indices, dense_shape=slices.dense_shape)
 
 
@@ -179,9 +185,9 @@ def negotiated(kind, tensors, symbol, refusal=(0, None), **described):
     """
     code, exception = refusal
     if isinstance(code, int) and code and (
-            basics.size() == 1 or not tf.executing_eagerly()):
+            collectives.size() == 1 or not tf.executing_eagerly()):
         raise exception
-    if basics.size() == 1:
+    if collectives.size() == 1:
         if tf.executing_eagerly() and int(code):
             raise exception
         return None
@@ -197,6 +203,7 @@ def after(everyone, tensor):
         return tf.identity(tensor)
 
 
+@in_process_set
 def allreduce(tensor, average=None, device_dense="", device_sparse="",
               compression=compression_lib.Compression.none, op=None,
               prescale_factor=1.0, postscale_factor=1.0, name=None,
@@ -211,7 +218,6 @@ def allreduce(tensor, average=None, device_dense="", device_sparse="",
     """
     symbol = "tfdtape.horovod.allreduce"
     op = resolve_op(op, average, symbol)
-    check_process_set(process_set)
     check_slices([tensor], op, prescale_factor, postscale_factor, symbol)
     with tf.name_scope(name or "HorovodAllreduce"):
         if isinstance(tensor, tf.IndexedSlices):
@@ -260,7 +266,7 @@ def reduce_group(tensors, op, prescale_factor=1.0, postscale_factor=1.0,
         results[index] = value
     if not riders:
         return results
-    scale = prescale_factor * postscale_factor / (basics.size() if op == Average else 1)
+    scale = prescale_factor * postscale_factor / (collectives.size() if op == Average else 1)
     return negotiation.checked(
         negotiation.rider_differs(reduced[0], scale), results, symbol,
         lambda: negotiation.describe(kind, tensors, op=op, absent=absent))
@@ -269,7 +275,7 @@ def reduce_group(tensors, op, prescale_factor=1.0, postscale_factor=1.0,
 def _rider_dtype(dense, op, compression):
     """The dtype the check rides in (that of the first dense tensor sent as
     float32 or float64), or None where it must travel on its own."""
-    if basics.size() == 1 or basics.size() > negotiation.RIDER_MOST_PROCESSES or \
+    if collectives.size() == 1 or collectives.size() > negotiation.RIDER_MOST_PROCESSES or \
             op not in (Sum, Average):
         return None
     for tensor in dense:
@@ -278,6 +284,7 @@ def _rider_dtype(dense, op, compression):
     return None
 
 
+@in_process_set
 def grouped_allreduce(tensors, average=None, device_dense="", device_sparse="",
                       compression=compression_lib.Compression.none, op=None,
                       prescale_factor=1.0, postscale_factor=1.0, process_set=None):
@@ -285,10 +292,10 @@ def grouped_allreduce(tensors, average=None, device_dense="", device_sparse="",
     ones fused into as few collectives as `fusion` packs them (one per dtype
     up to HOROVOD_FUSION_THRESHOLD bytes)."""
     op = resolve_op(op, average, "tfdtape.horovod.grouped_allreduce")
-    check_process_set(process_set)
     return reduce_group(tensors, op, prescale_factor, postscale_factor, compression)
 
 
+@in_process_set
 def allgather(tensor, name=None, ignore_name_scope=False, process_set=None):
     """Horovod's allgather: every process's `tensor` concatenated along the
     first dimension, in rank order; first dimensions may differ between
@@ -297,7 +304,6 @@ def allgather(tensor, name=None, ignore_name_scope=False, process_set=None):
     Horovod's: the average over the processes of the gathered tensor's
     gradient, this process's rows of it."""
     symbol = "tfdtape.horovod.allgather"
-    check_process_set(process_set)
     tensor = tf.convert_to_tensor(tensor)
     with tf.name_scope(name or "HorovodAllgather"):
         @tf.custom_gradient
@@ -307,10 +313,13 @@ def allgather(tensor, name=None, ignore_name_scope=False, process_set=None):
                 "a tensor of rank 1 or more (gathered along its first dimension)",
                 "gather tf.reshape(x, [1])"))
 
+            process_set_id = collectives.current_set()
+
             def gradient(upstream):
-                total = allreduce(upstream, op=Average)
-                return tf.split(total, counts, axis=0)[basics.rank()] \
-                    if basics.size() > 1 else total
+                with collectives.resumed(process_set_id):
+                    total = allreduce(upstream, op=Average)
+                    return tf.split(total, counts, axis=0)[collectives.rank()] \
+                        if collectives.size() > 1 else total
             return result, gradient
 
         return gathered(tensor)
@@ -338,7 +347,7 @@ def _gathered(tensor, symbol, name=None, refusal=(0, None)):
 def _gather_rows(tensor, counts, symbol):
     """Gathers `tensor` whose first dimension on each process is `counts`
     (known to agree in all else)."""
-    if basics.size() == 1:
+    if collectives.size() == 1:
         return tf.identity(tensor)
     sendable, restore = collectives.sendable(tensor, symbol)
     longest = tf.reduce_max(counts)
@@ -349,13 +358,17 @@ def _gather_rows(tensor, counts, symbol):
 
 
 def _check_root(root_rank, symbol):
-    size = basics.size()
-    if not isinstance(root_rank, numbers.Integral) or not 0 <= root_rank < size:
+    """Refuses a root that is no process of the set in effect (its global
+    rank, as Horovod's)."""
+    ranks = collectives.group().ranks
+    if not isinstance(root_rank, numbers.Integral) or root_rank not in ranks:
         _refuse("a broadcast from a rank the job does not have", symbol,
-                f"a root_rank from 0 to {size - 1}", repr(root_rank),
+                f"a root_rank from 0 to {len(ranks) - 1}" if ranks == tuple(range(len(ranks)))
+                else f"a root_rank of the process set, {list(ranks)}", repr(root_rank),
                 "pass the rank of a process of the job")
 
 
+@in_process_set
 def broadcast(tensor, root_rank, name=None, ignore_name_scope=False, process_set=None):
     """Horovod's broadcast: `root_rank`'s `tensor` on every process (the
     same dtype and shape, and the same root, on each, else
@@ -363,7 +376,6 @@ def broadcast(tensor, root_rank, name=None, ignore_name_scope=False, process_set
     Horovod's: the average over the processes of the upstream gradient on
     the root, zeros elsewhere."""
     symbol = "tfdtape.horovod.broadcast"
-    check_process_set(process_set)
     _check_root(root_rank, symbol)
     tensor = tf.convert_to_tensor(tensor)
     with tf.name_scope(name or "HorovodBroadcast"):
@@ -373,8 +385,11 @@ def broadcast(tensor, root_rank, name=None, ignore_name_scope=False, process_set
                                    name=name)
             result = _sent(after(everyone, value), root_rank, symbol)
 
+            process_set_id = collectives.current_set()
+
             def gradient(upstream):
-                total = allreduce(upstream, op=Average)
+                with collectives.resumed(process_set_id):
+                    total = allreduce(upstream, op=Average)
                 return total if basics.rank() == root_rank else tf.zeros_like(total)
             return result, gradient
 
@@ -386,12 +401,12 @@ def _sent(tensor, root_rank, symbol):
     return restore(collectives.broadcast(sendable, root_rank))
 
 
+@in_process_set
 def broadcast_variables(variables, root_rank, process_set=None, inplace=False):
     """Assigns `root_rank`'s value of each of `variables` on every process
     (checked once for all of them, fused as `fusion` packs them); in a
     graph, returns the group of the assignments."""
     symbol = "tfdtape.horovod.broadcast_variables"
-    check_process_set(process_set)
     _check_root(root_rank, symbol)
     variables = list(variables)
     values = [tf.convert_to_tensor(variable) for variable in variables]
@@ -405,6 +420,7 @@ def broadcast_variables(variables, root_rank, process_set=None, inplace=False):
     return tf.group(*assignments)
 
 
+@in_process_set
 def broadcast_(variables, root_rank, name=None, process_set=None):
     """Horovod's in-place broadcast: `broadcast_variables` of `variables` (a
     list of variables, or one), returning them (holding `root_rank`'s
@@ -441,16 +457,17 @@ def broadcast_global_variables(root_rank):
             "variables exist", kind=NotImplementedError)
 
 
+@in_process_set
 def grouped_allgather(tensors, name=None, ignore_name_scope=False, process_set=None):
     """`allgather` of each of `tensors`, in order."""
     return [allgather(tensor, process_set=process_set) for tensor in tensors]
 
 
+@in_process_set
 def broadcast_object(obj, root_rank=0, session=None, name=None, process_set=None):
     """`root_rank`'s `obj` (anything `pickle` takes) on every process;
     eagerly."""
     symbol = "tfdtape.horovod.broadcast_object"
-    check_process_set(process_set)
     _eagerly(symbol)
     rank = basics.rank()
     payload = _pickled(obj) if rank == root_rank else np.zeros(0, np.int32)
@@ -461,11 +478,11 @@ def broadcast_object(obj, root_rank=0, session=None, name=None, process_set=None
     return obj if rank == root_rank else _unpickled(received.numpy())
 
 
+@in_process_set
 def allgather_object(obj, session=None, name=None, process_set=None):
     """Every process's `obj` (anything `pickle` takes), a list in rank
     order; eagerly."""
     symbol = "tfdtape.horovod.allgather_object"
-    check_process_set(process_set)
     _eagerly(symbol)
     gathered, counts = _gathered(tf.constant(_pickled(obj), tf.int32), symbol)
     bounds = np.cumsum([0, *counts.numpy()])

@@ -10,9 +10,10 @@ class sharing its state, so only `gradient` changes.
 import tensorflow as tf
 
 from tfdtape import errors
-from tfdtape.horovod import basics
+from tfdtape.horovod import collectives
 from tfdtape.horovod import compression as compression_lib
 from tfdtape.horovod import ops
+from tfdtape.horovod import process_sets
 from tfdtape.horovod import wrapping
 
 _SETTINGS = "_tfdtape_horovod"
@@ -58,8 +59,8 @@ def _settings(symbol, compression, sparse_as_dense, op, predivide, process_set,
               scale_local, local):
     op = ops.resolve_op(op, None, symbol)
     ops.check_predivide(op, predivide, symbol)
-    ops.check_process_set(process_set)
     return {"compression": compression, "sparse_as_dense": sparse_as_dense, "op": op,
+            "process_set": process_set,
             "predivide": predivide, "scale_local": scale_local,
             "local": {id(weight) for weight in local}}
 
@@ -105,13 +106,24 @@ def _local_and_global(self, target, sources, output_gradients=None,
 
 def _gradient(self, target, sources, output_gradients=None, use_generic_names=False,
               **options):
-    """The tape's gradient, each all-reduced across the processes."""
+    """The tape's gradient, each all-reduced across the processes of its
+    process set (as computed where the set does not hold this process)."""
     settings = getattr(self, _SETTINGS)
     gradients = type(self).__mro__[1].gradient(self, target, sources, output_gradients,
                                                **options)
+    symbol = "tfdtape.horovod.DistributedGradientTape"
+    if not process_sets.includes(settings["process_set"], symbol):
+        return gradients  # Horovod's: a set without this process leaves them local
+    with collectives.within(settings["process_set"], symbol):
+        return _reduced(settings, sources, gradients)
+
+
+def _reduced(settings, sources, gradients):
+    """`gradients` of `sources`, all-reduced among the process set in effect
+    as the tape's `settings` say."""
     flat_sources = tf.nest.flatten(sources)
     flat = tf.nest.flatten(gradients)
-    size = basics.size()
+    size = collectives.size()
     reduced = list(flat)
     shared = []
     for index, (source, gradient) in enumerate(zip(flat_sources, flat)):

@@ -4,10 +4,6 @@ use instead, never a silent no-op."""
 from tfdtape import errors
 
 ALTERNATIVES = {
-    "process_sets": (
-        "process sets (collectives among some of the processes)",
-        "collectives among every process of the job",
-        "run one job per group of processes, or use hvd.allgather and select"),
     "Adasum": (
         "the Adasum reduction",
         "hvd.Average, hvd.Sum, hvd.Min, hvd.Max or hvd.Product",

@@ -8,9 +8,10 @@ import threading
 import tensorflow as tf
 
 from tfdtape import errors
-from tfdtape.horovod import basics
+from tfdtape.horovod import collectives
 from tfdtape.horovod import compression as compression_lib
 from tfdtape.horovod import ops
+from tfdtape.horovod import process_sets
 from tfdtape.horovod import tape as tape_lib
 from tfdtape.horovod import wrapping
 
@@ -55,14 +56,13 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
             "pass 1 (every call applies) or the number of calls to accumulate"))
     op = ops.resolve_op(op, None, symbol)
     ops.check_predivide(op, gradient_predivide_factor, symbol)
-    ops.check_process_set(process_set)
     if not hasattr(optimizer, "apply_gradients"):
         raise ValueError(errors.message(
             "DistributedOptimizer was given something other than an optimizer", symbol,
             "a Keras optimizer", type(optimizer).__name__,
             "pass a keras.optimizers optimizer (or a tf_keras one)"))
-    op, prescale, postscale = ops.predivided(op, gradient_predivide_factor)
-    settings = {
+    op, prescale, postscale = ops.predivided(op, gradient_predivide_factor, process_set)
+    settings = {"process_set": process_set,
         "op": op, "prescale": prescale, "postscale": postscale,
         "compression": compression, "sparse_as_dense": sparse_as_dense,
         "passes": backward_passes_per_step, "average_passes": average_aggregated_gradients,
@@ -143,7 +143,7 @@ def _settle(optimizer, settings):
 
 
 _OPTIONS = ("op", "prescale", "postscale", "compression", "sparse_as_dense", "passes",
-            "average_passes", "scale_local")
+            "average_passes", "scale_local", "process_set")
 
 
 def _register_local_var(self, var):
@@ -325,8 +325,16 @@ def _accumulate(self, pairs, apply_reduced):
 
 def _reduced_pairs(self, pairs):
     """`pairs` with their gradients all-reduced as the optimizer's settings
-    say (None stays None, and is part of the check)."""
+    say (None stays None, and is part of the check), among its process set."""
     settings = self._tfdtape_horovod
+    symbol = "tfdtape.horovod.DistributedOptimizer"
+    if not process_sets.includes(settings["process_set"], symbol):
+        return list(pairs)  # Horovod's: a set without this process leaves them local
+    with collectives.within(settings["process_set"], symbol):
+        return _reduced_in_set(settings, pairs)
+
+
+def _reduced_in_set(settings, pairs):
     gradients = [gradient for gradient, _ in pairs]
     local = [id(variable) in settings["local"] for _, variable in pairs]
     if settings["sparse_as_dense"]:
@@ -334,7 +342,7 @@ def _reduced_pairs(self, pairs):
                      for g in gradients]
     for index, gradient in enumerate(gradients):
         if local[index] and gradient is not None and settings["scale_local"]:
-            gradients[index] = tape_lib.divided(gradient, basics.size())
+            gradients[index] = tape_lib.divided(gradient, collectives.size())
     present = [index for index, gradient in enumerate(gradients)
                if gradient is not None and not local[index]]
     absent = tuple(index for index, gradient in enumerate(gradients)
