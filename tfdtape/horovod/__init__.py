@@ -24,7 +24,6 @@ from tfdtape.horovod.basics import cuda_built
 from tfdtape.horovod.basics import ddl_built
 from tfdtape.horovod.basics import gloo_built
 from tfdtape.horovod.basics import gloo_enabled
-from tfdtape.horovod.basics import init
 from tfdtape.horovod.basics import is_homogeneous
 from tfdtape.horovod.basics import is_initialized
 from tfdtape.horovod.basics import local_rank
@@ -35,13 +34,11 @@ from tfdtape.horovod.basics import mpi_built
 from tfdtape.horovod.basics import mpi_enabled
 from tfdtape.horovod.basics import mpi_threads_supported
 from tfdtape.horovod.basics import nccl_built
-from tfdtape.horovod.basics import process_set_included_op
 from tfdtape.horovod.basics import rank
 from tfdtape.horovod.basics import rank_op
 from tfdtape.horovod.basics import rocm_built
 from tfdtape.horovod.basics import shutdown
 from tfdtape.horovod.basics import size
-from tfdtape.horovod.basics import size_op
 from tfdtape.horovod.collectives import Adasum
 from tfdtape.horovod.collectives import Average
 from tfdtape.horovod.collectives import Max
@@ -66,7 +63,10 @@ from tfdtape.horovod.optimizer import DistributedOptimizer
 from tfdtape.horovod.process_sets import ProcessSet
 from tfdtape.horovod.process_sets import add_process_set
 from tfdtape.horovod.process_sets import global_process_set
+from tfdtape.horovod.process_sets import init
+from tfdtape.horovod.process_sets import process_set_included_op
 from tfdtape.horovod.process_sets import remove_process_set
+from tfdtape.horovod.process_sets import size_op
 from tfdtape.horovod.tape import DistributedGradientTape
 from tfdtape.horovod.tape import PartialDistributedGradientTape
 from tfdtape.horovod.unsupported import refusing as _refusing

@@ -44,15 +44,11 @@ class Job:
     device: str = ""
 
 
-def init(comm=None, process_sets=None):
+def init(comm=None):
     """Joins the job this process belongs to (once; later calls do nothing).
-
-    `process_sets`: ProcessSets (or lists of ranks) to register, in order
-    (`process_sets`); every process must give the same.
 
     Raises:
         NotImplementedError: `comm` (an MPI communicator).
-        ValueError: a process set of ranks the job does not have.
         RuntimeError: this process sees several GPUs (one process per GPU:
             start it with `tfdtape launch`), or TensorFlow's runtime started
             before `init()` with several processes.
@@ -69,8 +65,6 @@ def init(comm=None, process_sets=None):
             with context.eager_mode():  # though a TensorFlow 1 graph be the default here
                 _joined = _join()
         _state = _joined
-        from tfdtape.horovod import process_sets as sets  # it reads this module
-        sets.start(_state.size, process_sets)
         process_job.register(process_job.ProcessJob(rank=_state.rank, size=_state.size))
 
 
@@ -204,20 +198,6 @@ def cross_rank():
 
 def _as_tensor(value, name):
     return tf.constant(value, tf.int32, name=name)
-
-
-def size_op(process_set_id=0, name=None):
-    """The size of the process set `process_set_id` (0: the job) as an
-    int32 tensor, as Horovod's graph op gives it."""
-    from tfdtape.horovod import process_sets
-    return _as_tensor(process_sets.size_of(process_set_id), name)
-
-
-def process_set_included_op(process_set_id=0, name=None):
-    """Whether this process is in the process set `process_set_id`: an
-    int32 tensor, 1 or 0, as Horovod's."""
-    from tfdtape.horovod import process_sets
-    return _as_tensor(int(process_sets.included(process_set_id)), name)
 
 
 def rank_op(name=None):

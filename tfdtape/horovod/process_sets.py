@@ -75,10 +75,18 @@ _registered = {}  # id -> the tuple of its global ranks
 _next_id = [1]
 
 
-def start(size, process_sets):
-    """Registers every process as set 0 and `process_sets` (from
-    `init(process_sets=...)`) in order; a set whose ranks another one
-    already holds is left without an id, as Horovod leaves it."""
+def init(comm=None, process_sets=None):
+    """Horovod's `hvd.init`: joins the job (`basics.init`), then registers
+    every process as set 0 and `process_sets` (ProcessSets or lists of
+    ranks) in order; every process must give the same. A set whose ranks
+    another one already holds is left without an id, as Horovod leaves it.
+
+    Raises:
+        ValueError: a process set of ranks the job does not have.
+        As `basics.init`.
+    """
+    basics.init(comm)
+    size = basics.size()
     _registered.clear()
     _registered[0] = tuple(range(size))
     global_process_set.ranks = list(range(size))
@@ -135,6 +143,20 @@ def remove_process_set(process_set):
     return True
 
 
+def size_op(process_set_id=0, name=None):
+    """The size of the process set `process_set_id` (0: the job) as an
+    int32 tensor, as Horovod's graph op gives it."""
+    return tf.constant(size_of(process_set_id), tf.int32, name=name)
+
+
+def process_set_included_op(process_set_id=0, name=None):
+    """Whether this process is in the process set `process_set_id`: an
+    int32 tensor, 1 or 0, as Horovod's."""
+    size_of(process_set_id)
+    return tf.constant(int(basics.rank() in _registered[process_set_id]), tf.int32,
+                       name=name)
+
+
 def includes(process_set, symbol):
     """Whether `process_set` (None: every process) holds this process.
 
@@ -186,15 +208,10 @@ def size_of(process_set_id):
     Raises:
         ValueError: no set is registered under it.
     """
+    basics.job()
     if process_set_id not in _registered:
         raise ValueError(errors.message(
             "a process set id that is not registered", "tfdtape.horovod",
             f"one of {sorted(_registered)}", repr(process_set_id),
             "pass the process_set_id of a registered set"))
     return len(_registered[process_set_id])
-
-
-def included(process_set_id):
-    """Whether this process is in the registered set `process_set_id`."""
-    size_of(process_set_id)
-    return basics.rank() in _registered[process_set_id]
