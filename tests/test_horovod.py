@@ -98,7 +98,6 @@ def test_a_tape_must_be_a_tape(alone):
     lambda: hvd.allreduce(tf.constant(1.0), op=hvd.Adasum),
     lambda: hvd.join(),
     lambda: hvd.start_timeline("/tmp/t.json"),
-    lambda: hvd.SyncBatchNormalization(),
     lambda: hvd.init(comm=[0, 1]),
 ])
 def test_what_horovod_has_and_this_does_not_is_refused_naming_the_alternative(alone, use):
@@ -1020,6 +1019,23 @@ def test_horovod_tensorflow_s_distributed_optimizer_and_best_checkpoint_alone(
     np.testing.assert_array_equal(restored.get_weights()[0], model.get_weights()[0])
 
 
+def test_sync_batch_normalization_refuses_what_it_cannot_do(alone):
+    """Horovod's refusal of a fused kernel, and Keras's synchronized=True
+    (a strategy's replicas) alongside; in a job of one it is Keras's own
+    BatchNormalization."""
+    for options in ({"fused": True}, {"fused": None}, {"synchronized": True}):
+        with pytest.raises(ValueError, match=r"^tfdtape: SyncBatchNormalization (was asked "
+                                             r"for a fused kernel|was also given "
+                                             r"synchronized=True)"):
+            hvd.SyncBatchNormalization(**options)
+    layer = hvd.SyncBatchNormalization(axis=1)
+    plain = tf.keras.layers.BatchNormalization(axis=1)
+    values = tf.constant([[1.0, 2.0], [3.0, 6.0], [5.0, 7.0]])
+    np.testing.assert_allclose(layer(values, training=True).numpy(),
+                               plain(values, training=True).numpy(), rtol=1e-6)
+    assert isinstance(layer, tf.keras.layers.BatchNormalization)
+
+
 def test_process_sets_in_a_job_of_one(alone):
     """The global set is every process; a set of ranks the job lacks, one
     added twice, one not registered and an unknown id are refused; ids are
@@ -1071,3 +1087,21 @@ def test_process_sets_run_collectives_among_their_members():
         added = [0, 1, 3]
         assert result["added"] == (float(sum(added)) if rank in added else "not in it")
         assert result["removed"] is True and result["global"] == 6.0
+
+
+@pytest.mark.cluster
+@pytest.mark.parametrize("keras", ["keras", "tf_keras"] if is_keras3(tf.keras) else ["keras"])
+def test_sync_batch_normalization_is_one_device_s_on_the_global_batch(keras):
+    """Horovod's SyncBatchNormalization on 2 processes: the moving
+    statistics of batches of 3 and 4 rows are one device's on the 7 rows,
+    and three SGD steps (eagerly and traced) give one device's weights;
+    Keras's own BatchNormalization, each process's statistics, does not."""
+    completed = launch(2, "sync_batch_norm.py",
+                       env={"TF_USE_LEGACY_KERAS": "1"} if keras == "tf_keras" else None)
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    for result in outputs(completed).values():
+        assert result["keras"].startswith("tf_keras" if keras == "tf_keras" else "keras")
+        assert result["name"] == "sync_batch_normalization"
+        assert max(result["statistics"]) <= 1e-6
+        assert max(result["eager"]) <= 1e-6 and max(result["traced"]) <= 1e-6
+        assert result["control"] > 1e-3

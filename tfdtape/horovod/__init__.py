@@ -67,6 +67,7 @@ from tfdtape.horovod.process_sets import init
 from tfdtape.horovod.process_sets import process_set_included_op
 from tfdtape.horovod.process_sets import remove_process_set
 from tfdtape.horovod.process_sets import size_op
+from tfdtape.horovod.sync_batch_norm import SyncBatchNormalization
 from tfdtape.horovod.tape import DistributedGradientTape
 from tfdtape.horovod.tape import PartialDistributedGradientTape
 from tfdtape.horovod.unsupported import refusing as _refusing
@@ -75,7 +76,6 @@ _executing_eagerly = _tf.executing_eagerly  # Horovod's; its tests and programs 
 join = _refusing("join")
 start_timeline = _refusing("timeline")
 stop_timeline = _refusing("timeline")
-SyncBatchNormalization = _refusing("SyncBatchNormalization")
 
 
 __all__ = [

@@ -16,11 +16,6 @@ ALTERNATIVES = {
         "hvd.join (uneven numbers of steps per process)",
         "the same number of steps on every process",
         "give every process the same number of batches (tf.data's shard and take)"),
-    "SyncBatchNormalization": (
-        "horovod's SyncBatchNormalization",
-        "Keras's own synchronized BatchNormalization",
-        "use keras.layers.BatchNormalization(synchronized=True) under a "
-        "MultiWorkerMirroredStrategy"),
 }
 
 

@@ -1,0 +1,104 @@
+"""Horovod's `SyncBatchNormalization`: a BatchNormalization of the Keras
+`tf.keras` is (Keras 3, or Keras 2 / tf_keras) whose training statistics
+are the job's: the mean and variance over every process's batch, as one
+device's BatchNormalization computes them on the global batch.
+
+Two all-reduces per layer and training step: the sums and counts (the
+global mean), then the squared deviations from it (the variance), so
+batches of different sizes per process weigh by their rows and no
+E[x²] - E[x]² cancels. Gradients flow through both, as through Horovod's.
+"""
+
+import tensorflow as tf
+
+from tfdtape import errors
+from tfdtape.horovod import ops
+
+_SYMBOL = "tfdtape.horovod.SyncBatchNormalization"
+
+
+def synced_moments(inputs, axes, weights=None):
+    """(mean, variance) over `axes` of every process's `inputs` (with
+    `weights`, each element's frequency), kept dims, in float32 for 16-bit
+    floats and cast back."""
+    values = tf.cast(inputs, tf.float32) if inputs.dtype in (tf.float16, tf.bfloat16) \
+        else inputs
+    weights = tf.ones_like(values) if weights is None else tf.broadcast_to(
+        tf.cast(weights, values.dtype), tf.shape(values))
+    local = [tf.reduce_sum(values * weights, axes, keepdims=True),
+             tf.reduce_sum(weights, axes, keepdims=True)]
+    total, count = ops.grouped_allreduce(local, op=ops.Sum)
+    mean = total / count
+    squared = tf.reduce_sum(tf.square(values - mean) * weights, axes, keepdims=True)
+    variance = ops.allreduce(squared, op=ops.Sum) / count
+    return tf.cast(mean, inputs.dtype), tf.cast(variance, inputs.dtype)
+
+
+def _checked(fused, kwargs):
+    """Horovod's constructor arguments, as the Keras BatchNormalization
+    takes them.
+
+    Raises:
+        ValueError: fused=True or None (Horovod's refusal), or
+            synchronized=True (Keras's own synchronization over a strategy).
+    """
+    if fused in (True, None):
+        raise ValueError(errors.message(
+            "SyncBatchNormalization was asked for a fused kernel", _SYMBOL, "fused=False",
+            f"fused={fused}", "drop fused (its statistics are all-reduced, which the "
+            "fused kernel cannot do)"))
+    if kwargs.get("synchronized"):
+        raise ValueError(errors.message(
+            "SyncBatchNormalization was also given synchronized=True", _SYMBOL,
+            "statistics over the job's processes, or a strategy's replicas",
+            "synchronized=True", "drop synchronized: this layer synchronizes over the "
+            "processes of the tfdtape.horovod job"))
+    kwargs.setdefault("name", "sync_batch_normalization")
+    return kwargs
+
+
+def _keras3_class(base):
+    class SyncBatchNormalization(base):
+        """Horovod's SyncBatchNormalization (Keras 3): see the module."""
+
+        def __init__(self, fused=False, **kwargs):
+            super().__init__(**_checked(fused, kwargs))
+
+        def _moments(self, inputs, mask):
+            weights = None if mask is None else tf.expand_dims(
+                tf.cast(mask, inputs.dtype), -1)
+            mean, variance = synced_moments(inputs, self._reduction_axes, weights)
+            return tf.squeeze(mean), tf.squeeze(variance)
+
+    return SyncBatchNormalization
+
+
+def _keras2_class(base):
+    class SyncBatchNormalization(base):
+        """Horovod's SyncBatchNormalization (Keras 2, tf_keras): see the module."""
+
+        def __init__(self, fused=False, **kwargs):
+            super().__init__(fused=False, **_checked(fused, kwargs))
+
+        def _calculate_mean_and_var(self, inputs, reduction_axes, keep_dims, mask=None):
+            weights = None if mask is None else tf.expand_dims(
+                tf.cast(mask, inputs.dtype), -1)
+            mean, variance = synced_moments(inputs, reduction_axes, weights)
+            if not keep_dims:
+                mean, variance = (tf.squeeze(mean, reduction_axes),
+                                  tf.squeeze(variance, reduction_axes))
+            return mean, variance
+
+    return SyncBatchNormalization
+
+
+def _made():
+    base = tf.keras.layers.BatchNormalization
+    made = _keras2_class(base) if hasattr(base, "_calculate_mean_and_var") \
+        else _keras3_class(base)
+    made.__module__ = __name__
+    made.__qualname__ = made.__name__
+    return made
+
+
+SyncBatchNormalization = _made()
