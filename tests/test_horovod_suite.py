@@ -1,4 +1,5 @@
-"""Horovod's own TensorFlow test files as the judge of tfdtape.horovod,
+"""Horovod's own TensorFlow test files (and its examples/tensorflow2
+benchmarks) as the judge of tfdtape.horovod,
 unchanged, with `import horovod.tensorflow as hvd` resolved to
 tfdtape.horovod (tests/horovod_shim): run by hand and by the release check
 where TFDTAPE_HOROVOD_SOURCE names a Horovod checkout (its test/parallel
@@ -111,3 +112,30 @@ def test_horovod_s_own_test_file_passes_but_for_the_reasons_given(label, name, p
                                      "passed to BatchNormalization: {'fused': False}",
                                      "np.float16(0.0) not less than 1e-08")
         assert [line for line in raised if not any(text in line for text in expected)] == []
+
+
+EXAMPLES = [
+    ("tensorflow2_synthetic_benchmark.py", "Img/sec per GPU:"),
+    ("tensorflow2_keras_synthetic_benchmark.py", "Img/sec per GPU:"),
+]
+"""Horovod's examples/tensorflow2 scripts run here (small settings of their
+own options), and the line rank 0 prints at the end. The MNIST ones take
+12 minutes or more on 2 CPU cores: run by hand (docs/horovod.md)."""
+
+
+@pytest.mark.skipif(SOURCE is None, reason="TFDTAPE_HOROVOD_SOURCE names no Horovod "
+                                           "checkout (run by hand and by the release check)")
+@pytest.mark.parametrize("script, last", EXAMPLES)
+def test_horovod_s_tensorflow2_example_runs_unchanged(script, last):
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", TF_USE_LEGACY_KERAS="1",
+               PYTHONPATH=os.pathsep.join([str(SHIM), str(ROOT)]))
+    env.pop("TF_CONFIG", None)
+    completed = subprocess.run(
+        [sys.executable, "-m", "tfdtape", "launch", "-np", "2", sys.executable, script,
+         "--model", "MobileNetV2", "--batch-size", "8", "--num-batches-per-iter", "2",
+         "--num-iters", "2"] + (["--num-warmup-batches", "2"] if "keras" not in script
+                                else []),
+        cwd=pathlib.Path(SOURCE) / "examples" / "tensorflow2", capture_output=True,
+        text=True, env=env, timeout=900)
+    assert completed.returncode == 0, completed.stdout[-3000:] + completed.stderr[-3000:]
+    assert f"[0]<stdout>:{last}" in completed.stdout

@@ -46,12 +46,12 @@ CASES = {
         tf.ones([4], tf.int32 if rank == 0 else tf.float32)),
     "none_on_one_rank": none_on_one_rank,
 }
-if not sys.argv[1:] == ["tf_function"]:  # decided when run: a refusal on one process only
-    CASES["scalar_on_one_rank"] = lambda: hvd.allgather(
-        tf.constant(1.0) if rank == 0 else tf.ones([1]))
-    CASES["splits_on_one_rank"] = lambda: hvd.alltoall(
-        tf.ones([hvd.size()]), splits=[hvd.size() + 1] + [0] * (hvd.size() - 1) if rank == 0
-        else [1] * hvd.size())
+CASES["scalar_on_one_rank"] = lambda: hvd.allgather(
+    tf.constant(1.0) if rank == 0 else tf.ones([1]))
+CASES["splits_on_one_rank"] = lambda: hvd.alltoall(
+    tf.ones([hvd.size()]), splits=[hvd.size() + 1] + [0] * (hvd.size() - 1) if rank == 0
+    else [1] * hvd.size())
+CASES["scalars_on_every_rank"] = lambda: hvd.reducescatter(tf.constant(1.0))
 LAST = ("extra", lambda: ([hvd.allreduce(tf.ones([3]))] if rank == 0 else []) + [
     hvd.allreduce(tf.ones([2]))])
 """One more collective on rank 0, paired with the next one of the others:
@@ -65,7 +65,8 @@ for name, case in [*CASES.items(), LAST]:
     try:
         (tf.function(call) if traced else call)()
         found = {"case": name, "refused": None}
-    except (tf.errors.FailedPreconditionError, tf.errors.InvalidArgumentError) as error:
+    except (tf.errors.FailedPreconditionError, tf.errors.InvalidArgumentError,
+            ValueError) as error:
         text = str(error)
         start = text.index("tfdtape: ")
         found = {"case": name, "refused": type(error).__name__,

@@ -122,6 +122,11 @@ def _exchanged(tensor, splits, symbol, name):
     if everyone is None and isinstance(code, tf.Tensor):  # a job of one, traced
         with tf.control_dependencies([tf.debugging.Assert(tf.equal(code, 0), [str(error)])]):
             tensor = tf.identity(tensor)
+    tensor = ops.stand_in(tensor)
+    if splits is not None and isinstance(code, int) and code:  # refused when run
+        splits = tf.zeros([size], tf.int32)
+    elif splits is not None and isinstance(code, tf.Tensor):
+        splits = tf.where(tf.equal(code, 0), splits, tf.zeros_like(splits))
     if splits is None:
         rows = _rows(tensor)[None] if everyone is None else negotiation.rows(everyone)
         sent = tf.tile((rows // size)[:, None], [1, size])  # sent[i, j]: from i to j
@@ -211,7 +216,7 @@ def _scattered(tensors, op, prescale_factor, postscale_factor, compression, kind
         everyone = ops.negotiated(kind, list(values), symbol, op=op, name=name,
                                   refusal=refusal)
         reduced = fusion.fused(
-            [ops.after(everyone, value) for value in values],
+            [ops.after(everyone, ops.stand_in(value)) for value in values],
             lambda pack: ops.reduce_dense(pack, op, prescale_factor, postscale_factor,
                                      compression, symbol),
             wire_dtype=compression.wire_dtype)

@@ -218,14 +218,15 @@ def agreed(description, symbol, refusal=None):
     text = tf.gather(tf.constant([_message(symbol, name, "a difference")
                                   for name in _FIELDS]),
                      tf.argmax(tf.cast(differs, tf.int32)))
-    check = tf.debugging.Assert(tf.logical_not(tf.reduce_any(differs)),
-                                [text, "descriptions per process:", everyone],
-                                summarize=-1)
     none_refused = tf.debugging.Assert(
         tf.reduce_all(tf.equal(refused, 0)),
         [_refused_message(symbol, "a refusal on a process"), "what each process refused:",
          tf.gather(tf.constant(REFUSALS), refused)], summarize=-1)
-    with tf.control_dependencies([check, none_refused]):
+    with tf.control_dependencies([none_refused]):  # a refusal is reported first
+        check = tf.debugging.Assert(tf.logical_not(tf.reduce_any(differs)),
+                                    [text, "descriptions per process:", everyone],
+                                    summarize=-1)
+    with tf.control_dependencies([check]):
         return tf.identity(everyone)
 
 

@@ -175,24 +175,28 @@ def negotiated(kind, tensors, symbol, refusal=(0, None), **described):
     """Checks that every process issues this collective (`negotiation`);
     the processes' descriptions, or None in a job of one. `refusal`: (the
     code in negotiation.REFUSALS of what this process refuses, an int or
-    an int32 scalar tensor; the exception it raises): a code known when
-    traced is raised here in a graph, as Horovod raises it; else every
-    process decides alike.
+    an int32 scalar tensor; the exception it raises): every process decides
+    alike, eagerly here, in a graph by an assertion every process's
+    collective waits for (the caller builds the collective on stand-in
+    tensors, which never run).
 
     Raises:
         the refusal's exception, or tf.errors.FailedPreconditionError (see
         `negotiation.agreed`).
     """
     code, exception = refusal
-    if isinstance(code, int) and code and (
-            collectives.size() == 1 or not tf.executing_eagerly()):
-        raise exception
     if collectives.size() == 1:
-        if tf.executing_eagerly() and int(code):
+        if (isinstance(code, int) and code) or (tf.executing_eagerly() and int(code)):
             raise exception
         return None
     return negotiation.agreed(negotiation.describe(kind, tensors, refusal=code, **described),
                               symbol, exception)
+
+
+def stand_in(tensor):
+    """`tensor`, a refused scalar as a vector: in a graph, what the
+    collective is built on where the check's assertion refuses it when run."""
+    return tf.reshape(tensor, [1]) if tensor.shape.rank == 0 else tensor
 
 
 def after(everyone, tensor):
@@ -341,6 +345,7 @@ def _gathered(tensor, symbol, name=None, refusal=(0, None)):
     if everyone is None:
         return tf.identity(tensor), tf.shape(tensor, out_type=tf.int32)[:1]
     counts = negotiation.rows(everyone)
+    tensor = stand_in(tensor)
     return _gather_rows(tensor, counts, symbol), counts
 
 
