@@ -183,6 +183,8 @@ def test_every_operation_matches_its_closed_form(processes):
         assert result["alltoall"] == [[10.0 * r + rank for r in range(n) for _ in range(rank + 1)],
                                       [rank + 1] * n]
         assert result["alltoall_traced"] == result["alltoall"][0]
+        mixed = [100 * r + 2 * rank + k for r in range(n) for k in range(2)]
+        assert result["alltoall_mixed"] == ([mixed, [2] * n] if rank in (0, 1) else mixed)
         assert result["alltoall_equal"] == [100 * r + 2 * rank + k for r in range(n)
                                             for k in range(2)]
         # Each row sent to rank j comes back times j + 1; the unsent row gets 0.
@@ -972,10 +974,19 @@ def test_alltoall_and_reducescatter_alone(alone):
     traced = tf.function(lambda x: hvd.alltoall(x, splits=tf.constant([1])),
                          input_signature=[tf.TensorSpec([None, 2])])
     assert traced(rows)[0].numpy().tolist() == [[0.0, 1.0]]
-    for splits in ([4], [-1], [1, 1]):
+    for splits in ([4], [-1], [1, 1], [1.5], [[1]], "1"):
         with pytest.raises(tf.errors.InvalidArgumentError,
                            match=r"^tfdtape: alltoall splits that do not fit the tensor"):
             hvd.alltoall(rows, splits=splits)
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"found splits \[1.5\] "
+                                                             r"\(float32\) for 3 rows"):
+        hvd.alltoall(rows, splits=[1.5])
+    with pytest.raises(ValueError, match="a complex tensor was to be exchanged"):
+        hvd.alltoall(tf.complex(rows, rows))
+    for average in (lambda x: hvd.reducescatter(x), lambda x: hvd.allreduce(x),
+                    lambda x: hvd.grouped_allreduce([x])):
+        with pytest.raises(ValueError, match="a bool tensor was to be averaged"):
+            average(tf.constant([True, False]))
     with pytest.raises(tf.errors.InvalidArgumentError, match="splits that do not fit"):
         traced(tf.ones([0, 2]))
     assert hvd.reducescatter(rows, op=hvd.Sum).numpy().tolist() == rows.numpy().tolist()
@@ -1052,6 +1063,11 @@ def test_process_sets_in_a_job_of_one(alone):
     assert hvd.ProcessSet([0]).ranks == [0] and hvd.ProcessSet((2, 1)).ranks == [1, 2]
     with pytest.raises(ValueError, match="a ProcessSet of something other than ranks"):
         hvd.ProcessSet([0.5])
+    with pytest.raises(ValueError, match="found 3 in TensorFlow"):
+        hvd.ProcessSet(3)
+    with pytest.raises(TypeError, match="remove_process_set was given something other "
+                                        "than a ProcessSet .*found list"):
+        hvd.remove_process_set([0])
     with pytest.raises(ValueError, match=r"a process set was added twice .*found \[0\]"):
         hvd.add_process_set([0])
     with pytest.raises(ValueError, match=r"a process set of ranks the job does not have "
@@ -1068,13 +1084,13 @@ def test_process_sets_in_a_job_of_one(alone):
 
 
 @pytest.mark.cluster
-def test_process_sets_run_collectives_among_their_members():
+def test_process_sets_run_collectives_among_their_members(tmp_path):
     """On 4 processes, with sets [0, 2] and [1, 3] given to init and [0, 1, 3]
     added later: every collective among a set's members only (its size,
     its order, the global root of a broadcast, gradients in the set), a
     process outside a set refused (InvalidArgumentError, as Horovod), and
     collectives of every process in step after them."""
-    completed = launch(4, "process_sets.py")
+    completed = launch(4, "process_sets.py", env={"OUT": str(tmp_path)})
     assert completed.returncode == 0, completed.stderr[-3000:]
     found = outputs(completed)
     for rank, result in found.items():
@@ -1091,6 +1107,11 @@ def test_process_sets_run_collectives_among_their_members():
         added = [0, 1, 3]
         assert result["added"] == (float(sum(added)) if rank in added else "not in it")
         assert result["removed"] is True and result["global"] == 6.0
+        assert result["root_outside"].startswith(
+            f"tfdtape: a broadcast from a rank outside its process set "
+            f"(tfdtape.horovod.broadcast): expected a root_rank of the set, one of {mine}")
+        if rank == 1 and is_keras3(tf.keras):  # rank 0 writes what Keras saves
+            assert result["saved"] is False and len(result["save_warning"]) == 1
 
 
 @pytest.mark.cluster

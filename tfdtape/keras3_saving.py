@@ -44,6 +44,7 @@ import sys
 import tempfile
 import threading
 import typing
+import warnings
 
 from tensorflow.python.lib.io import file_io
 
@@ -238,6 +239,13 @@ def _written(model, filepath, overwrite, write):
     if not remote and (not os.path.isdir(parent) or (not overwrite and os.path.exists(target))):
         return write(filepath)
     if not role.chief:
+        if role.strategy is None:
+            warnings.warn(
+                f"tfdtape: {name!r} is not written on this process: in a "
+                "tfdtape.horovod job of several processes rank 0 writes what Keras "
+                "saves and the others' writes are discarded (save on rank 0, as Horovod "
+                "programs do, or to a path of this rank's own after hvd.shutdown())",
+                stacklevel=3)
         with _private_directory("discarded") as private:
             result = write(os.path.join(private, name))
             if not remote:

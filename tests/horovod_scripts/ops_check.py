@@ -33,6 +33,12 @@ exchanged, received = hvd.alltoall(rows, splits=[j + 1 for j in range(size)])
 found["alltoall"] = [exchanged.numpy().ravel().tolist(), received.numpy().tolist()]
 found["alltoall_equal"] = hvd.alltoall(
     tf.range(2 * size, dtype=tf.int32) + 100 * rank).numpy().tolist()
+# Splits on some processes only (Horovod's: the others send equal parts).
+given = {0: [2] * size, 1: []}.get(rank)
+found["alltoall_mixed"] = hvd.alltoall(tf.range(2 * size, dtype=tf.int32) + 100 * rank,
+                                       splits=given)
+found["alltoall_mixed"] = [t.numpy().tolist() for t in found["alltoall_mixed"]] \
+    if given is not None else found["alltoall_mixed"].numpy().tolist()
 found["alltoall_traced"] = tf.function(lambda x, s: hvd.alltoall(x, s)[0])(
     rows, tf.constant([j + 1 for j in range(size)])).numpy().ravel().tolist()
 x = tf.Variable(rows)

@@ -36,6 +36,19 @@ try:
     hvd.allreduce(tf.constant([1.0]), process_set=other)
 except tf.errors.InvalidArgumentError as error:
     found["foreign"] = str(error)
+try:
+    hvd.broadcast(tf.ones([1]), other.ranks[0], process_set=mine)
+except ValueError as error:
+    found["root_outside"] = str(error)
+if rank == 1 and hasattr(tf.keras.Model, "export"):  # Keras 3: rank 0 writes
+    import warnings
+    model = tf.keras.Sequential([tf.keras.Input((1,)), tf.keras.layers.Dense(1)])
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        model.save(os.path.join(os.environ["OUT"], "rank1.keras"))
+    found["save_warning"] = [str(w.message) for w in caught if "rank 0 writes" in
+                             str(w.message)]
+    found["saved"] = os.path.exists(os.path.join(os.environ["OUT"], "rank1.keras"))
 added = hvd.add_process_set([0, 1, 3])
 found["added"] = float(hvd.allreduce(tf.constant(float(rank)), op=hvd.Sum,
                                      process_set=added)) if added.included() else "not in it"

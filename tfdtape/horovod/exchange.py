@@ -3,13 +3,15 @@ TensorFlow's collectives, each checked across the processes first
 (`negotiation`), with Horovod's gradients.
 
 Collectives per call (in a job of several processes): `alltoall`, the check
-(an all-gather of descriptions), an all-gather of the splits (where given)
-and the exchange (TensorFlow's all-to-all where the release has it, else an
-all-gather); `reducescatter` and `grouped_reducescatter`, the check and the
-all-reduces `fusion` packs (one per dtype up to the fusion threshold), of
-which each process keeps its rows.
+(an all-gather of descriptions), an all-gather of the splits (each process
+may give its own, or none: equal parts, as Horovod allows) and the exchange
+(TensorFlow's all-to-all where the release has it, else an all-gather);
+`reducescatter` and `grouped_reducescatter`, the check and the all-reduces
+`fusion` packs (one per dtype up to the fusion threshold), of which each
+process keeps its rows.
 """
 
+import numpy as np
 import tensorflow as tf
 
 from tfdtape import errors
@@ -61,10 +63,11 @@ def _splits_refusal(tensor, splits, symbol):
         code = negotiation.REFUSALS.index("splits that do not fit the tensor")
         error = _invalid(
             "alltoall splits that do not fit the tensor", symbol,
-            f"{size} counts of rows (one per process), none negative, summing to at "
-            "most the tensor's first dimension", "splits that do not",
+            f"{size} integer counts of rows (one per process), none negative, summing "
+            "to at most the tensor's first dimension", _said(splits, tensor),
             "pass splits with one count of rows for each process")
-        if splits.shape.rank != 1 or (splits.shape[0] is not None and splits.shape[0] != size):
+        if not splits.dtype.is_integer or splits.shape.rank != 1 or (
+                splits.shape[0] is not None and splits.shape[0] != size):
             return code, error
         uneven = tf.logical_or(tf.reduce_any(splits < 0),
                                tf.reduce_sum(splits) > _rows(tensor))
@@ -73,6 +76,14 @@ def _splits_refusal(tensor, splits, symbol):
     if tf.get_static_value(uneven) is not None:
         return (code if tf.get_static_value(uneven) else 0), error
     return tf.where(uneven, code, 0), error
+
+
+def _said(splits, tensor):
+    """`splits` and `tensor`'s first dimension in words, for the error."""
+    if tf.executing_eagerly():
+        return (f"splits {np.asarray(splits.numpy()).tolist()} ({splits.dtype.name}) for "
+                f"{tensor.shape[0] if tensor.shape.rank else 'no'} rows")
+    return f"splits of {splits.dtype.name}, shape {splits.shape}"
 
 
 @ops.in_process_set
@@ -89,9 +100,14 @@ def alltoall(tensor, splits=None, name=None, ignore_name_scope=False, process_se
     for rows that `splits` left unsent)."""
     symbol = "tfdtape.horovod.alltoall"
     tensor = tf.convert_to_tensor(tensor)
+    if tensor.dtype.is_complex:
+        raise ValueError(errors.message(
+            "a complex tensor was to be exchanged", symbol, "a real, integer or bool "
+            "tensor (TensorFlow's all-to-all carries no complex numbers)",
+            tensor.dtype.name, "exchange tf.math.real(x) and tf.math.imag(x)"))
     given = splits is not None
     if given:
-        splits = tf.cast(tf.convert_to_tensor(splits), tf.int32)
+        splits = tf.convert_to_tensor(splits)
         if splits.shape.rank == 1 and splits.shape[0] == 0:
             splits = None  # Horovod's empty splits: equal parts
     with tf.name_scope(name or "HorovodAlltoall"):
@@ -123,18 +139,17 @@ def _exchanged(tensor, splits, symbol, name):
         with tf.control_dependencies([tf.debugging.Assert(tf.equal(code, 0), [str(error)])]):
             tensor = tf.identity(tensor)
     tensor = ops.stand_in(tensor)
-    if splits is not None and isinstance(code, int) and code:  # refused when run
-        splits = tf.zeros([size], tf.int32)
-    elif splits is not None and isinstance(code, tf.Tensor):
-        splits = tf.where(tf.equal(code, 0), splits, tf.zeros_like(splits))
     if splits is None:
-        rows = _rows(tensor)[None] if everyone is None else negotiation.rows(everyone)
-        sent = tf.tile((rows // size)[:, None], [1, size])  # sent[i, j]: from i to j
         own = tf.fill([size], _rows(tensor) // size)
+    elif isinstance(code, int) and code:  # refused when run: a stand-in
+        own = tf.zeros([size], tf.int32)
     else:
-        own = splits
-        sent = tf.reshape(ops.after(everyone, collectives.all_gather(
-            ops.after(everyone, splits))), [size, size]) if size > 1 else splits[None]
+        own = tf.cast(splits, tf.int32)
+        if isinstance(code, tf.Tensor):
+            own = tf.where(tf.equal(code, 0), own, tf.zeros_like(own))
+    # sent[i, j]: the rows process i sends process j.
+    sent = tf.reshape(ops.after(everyone, collectives.all_gather(ops.after(everyone, own))),
+                      [size, size]) if size > 1 else own[None]
     received = sent[:, rank]
     longest = tf.reduce_max(sent)
     sendable, restore = collectives.sendable(tensor, symbol)
@@ -202,14 +217,17 @@ def _scattered(tensors, op, prescale_factor, postscale_factor, compression, kind
                name):
     op = _check_op(op, symbol)
     tensors = [tf.convert_to_tensor(tensor) for tensor in tensors]
-    if not tensors:
-        return []
+    ops.check_averageable(tensors, op, symbol)
     scalar = any(tensor.shape.rank == 0 for tensor in tensors)
     refusal = _refusal(negotiation.REFUSALS.index("a scalar to reduce-scatter"),
                        "a scalar was to be reduce-scattered", symbol,
                        "tensors of rank 1 or more (scattered along their first dimension)",
                        "a scalar", "reduce it with hvd.allreduce", ValueError) \
         if scalar else (0, None)
+
+    if not tensors:  # every process must issue it still (the check)
+        ops.negotiated(kind, [], symbol, op=op)
+        return []
 
     @tf.custom_gradient
     def scattered(*values):

@@ -88,6 +88,18 @@ def predivided(op, predivide, process_set=None):
     return op, 1.0, 1.0
 
 
+def check_averageable(tensors, op, symbol):
+    """Refuses an Average of bool tensors (which no division takes).
+
+    Raises:
+        ValueError: so.
+    """
+    if op == Average and any(getattr(tensor, "dtype", None) == tf.bool for tensor in tensors):
+        _refuse("a bool tensor was to be averaged", symbol, "a numeric tensor for "
+                "op=hvd.Average", "bool", "cast it to a number, or pass op=hvd.Sum "
+                "(a logical or), hvd.Min or hvd.Max")
+
+
 def check_slices(tensors, op, prescale_factor, postscale_factor, symbol):
     """Refuses, as Horovod does, IndexedSlices among `tensors` with an op
     other than Sum and Average, or with a scale factor (they are gathered,
@@ -227,6 +239,7 @@ def allreduce(tensor, average=None, device_dense="", device_sparse="",
         if isinstance(tensor, tf.IndexedSlices):
             return _reduced_slices(tensor, op)
         tensor = tf.convert_to_tensor(tensor)
+        check_averageable([tensor], op, symbol)
         everyone = negotiated("allreduce", [tensor], symbol, op=op, name=name)
         return reduce_dense(after(everyone, tensor), op, prescale_factor, postscale_factor,
                         compression, symbol)
@@ -248,6 +261,7 @@ def reduce_group(tensors, op, prescale_factor=1.0, postscale_factor=1.0,
     check_slices(tensors, op, prescale_factor, postscale_factor, symbol)
     tensors = [tensor if isinstance(tensor, tf.IndexedSlices) else tf.convert_to_tensor(tensor)
                for tensor in tensors]
+    check_averageable(tensors, op, symbol)
     dense = [index for index, tensor in enumerate(tensors)
              if not isinstance(tensor, tf.IndexedSlices)]
     carrier = _rider_dtype([tensors[index] for index in dense], op, compression)
@@ -255,7 +269,7 @@ def reduce_group(tensors, op, prescale_factor=1.0, postscale_factor=1.0,
     riders = []
     if carrier is not None:
         riders = [negotiation.rider(kind, tensors, carrier, op, absent)]
-    elif tensors or absent:
+    else:  # with no tensors too: every process issues the check
         everyone = negotiated(kind, tensors, symbol, op=op, absent=absent)
     results = [None] * len(tensors)
     for index, tensor in enumerate(tensors):
@@ -367,10 +381,13 @@ def _check_root(root_rank, symbol):
     rank, as Horovod's)."""
     ranks = collectives.group().ranks
     if not isinstance(root_rank, numbers.Integral) or root_rank not in ranks:
-        _refuse("a broadcast from a rank the job does not have", symbol,
-                f"a root_rank from 0 to {len(ranks) - 1}" if ranks == tuple(range(len(ranks)))
-                else f"a root_rank of the process set, {list(ranks)}", repr(root_rank),
-                "pass the rank of a process of the job")
+        if collectives.current_set() == 0:
+            _refuse("a broadcast from a rank the job does not have", symbol,
+                    f"a root_rank from 0 to {len(ranks) - 1}", repr(root_rank),
+                    "pass the rank of a process of the job")
+        _refuse("a broadcast from a rank outside its process set", symbol,
+                f"a root_rank of the set, one of {list(ranks)} (global ranks)",
+                repr(root_rank), "pass the global rank of a process of the set")
 
 
 @in_process_set
@@ -464,7 +481,11 @@ def broadcast_global_variables(root_rank):
 
 @in_process_set
 def grouped_allgather(tensors, name=None, ignore_name_scope=False, process_set=None):
-    """`allgather` of each of `tensors`, in order."""
+    """`allgather` of each of `tensors`, in order (of none, the check alone:
+    a process with none pairs with no other's gather)."""
+    tensors = list(tensors)
+    if not tensors:
+        negotiated("allgather", [], "tfdtape.horovod.grouped_allgather")
     return [allgather(tensor, process_set=process_set) for tensor in tensors]
 
 

@@ -27,12 +27,13 @@ class ProcessSet:
     ranks = None
 
     def __init__(self, ranks):
+        given = ranks
         ranks = list(ranks) if not isinstance(ranks, (str, bytes)) and hasattr(
             ranks, "__iter__") else None
         if ranks is None or not all(isinstance(rank, int) for rank in ranks):
             raise ValueError(errors.message(
                 "a ProcessSet of something other than ranks", _SYMBOL,
-                "a list of global ranks (ints)", repr(ranks),
+                "a list of global ranks (ints)", repr(given),
                 "pass the ranks of its processes, e.g. hvd.ProcessSet([0, 2])"))
         self.ranks = sorted(ranks)
 
@@ -134,7 +135,17 @@ def add_process_set(process_set):
 
 def remove_process_set(process_set):
     """Horovod's: unregisters `process_set`; whether it was registered (the
-    global set is never removed)."""
+    global set is never removed).
+
+    Raises:
+        TypeError: something other than a ProcessSet.
+    """
+    if not isinstance(process_set, ProcessSet):
+        raise TypeError(errors.message(
+            "remove_process_set was given something other than a ProcessSet",
+            "tfdtape.horovod.remove_process_set", "the ProcessSet add_process_set "
+            "or init registered", type(process_set).__name__,
+            "pass the ProcessSet object itself"))
     process_set_id = process_set.process_set_id
     if process_set_id is None or process_set_id == 0 or process_set_id not in _registered:
         return False
