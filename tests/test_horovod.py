@@ -1115,7 +1115,9 @@ def test_process_sets_run_collectives_among_their_members(tmp_path):
 
 
 @pytest.mark.cluster
-@pytest.mark.parametrize("keras", ["keras", "tf_keras"] if is_keras3(tf.keras) else ["keras"])
+@pytest.mark.parametrize("keras", ["keras"] + (
+    [pytest.param("tf_keras", marks=pytest.mark.per_release(False))]
+    if is_keras3(tf.keras) else []))
 def test_sync_batch_normalization_is_one_device_s_on_the_global_batch(keras):
     """Horovod's SyncBatchNormalization on 2 processes: the moving
     statistics of batches of 3 and 4 rows are one device's on the 7 rows,
