@@ -26,10 +26,6 @@ from tfdtape.horovod.collectives import Sum
 _SCATTERABLE = (Sum, Average)
 
 
-def _refusal(code, failed, symbol, expected, found, remedy, kind):
-    return code, kind(errors.message(failed, symbol, expected, found, remedy))
-
-
 def _invalid(*args):
     """tf.errors.InvalidArgumentError of Horovod's (errors.message's args)."""
     return tf.errors.InvalidArgumentError(None, None, errors.message(*args))
@@ -47,10 +43,10 @@ def _splits_refusal(tensor, splits, symbol):
     `splits` on this process, an int or int32 scalar tensor; the error)."""
     size = collectives.size()
     if tensor.shape.rank == 0:
-        return _refusal(negotiation.REFUSALS.index("a scalar to exchange"),
-                        "a scalar was to be exchanged", symbol,
-                        "a tensor of rank 1 or more (split along its first dimension)",
-                        "a scalar", "exchange tf.reshape(x, [1])", ValueError)
+        return ops.scalar_refusal(
+            [tensor], "a scalar to exchange", "a scalar was to be exchanged", symbol,
+            "a tensor of rank 1 or more (split along its first dimension)",
+            "exchange tf.reshape(x, [1])")
     if splits is None:
         code = negotiation.REFUSALS.index(
             "a first dimension that does not split evenly over the processes")
@@ -218,12 +214,10 @@ def _scattered(tensors, op, prescale_factor, postscale_factor, compression, kind
     op = _check_op(op, symbol)
     tensors = [tf.convert_to_tensor(tensor) for tensor in tensors]
     ops.check_averageable(tensors, op, symbol)
-    scalar = any(tensor.shape.rank == 0 for tensor in tensors)
-    refusal = _refusal(negotiation.REFUSALS.index("a scalar to reduce-scatter"),
-                       "a scalar was to be reduce-scattered", symbol,
-                       "tensors of rank 1 or more (scattered along their first dimension)",
-                       "a scalar", "reduce it with hvd.allreduce", ValueError) \
-        if scalar else (0, None)
+    refusal = ops.scalar_refusal(
+        tensors, "a scalar to reduce-scatter", "a scalar was to be reduce-scattered", symbol,
+        "tensors of rank 1 or more (scattered along their first dimension)",
+        "reduce it with hvd.allreduce")
 
     if not tensors:  # every process must issue it still (the check)
         ops.negotiated(kind, [], symbol, op=op)

@@ -25,7 +25,6 @@ from tfdtape.horovod import collectives
 from tfdtape.horovod import compression as compression_lib
 from tfdtape.horovod import fusion
 from tfdtape.horovod import negotiation
-from tfdtape.horovod import process_sets
 from tfdtape.horovod.collectives import Adasum
 from tfdtape.horovod.collectives import Average
 from tfdtape.horovod.collectives import Sum
@@ -82,8 +81,7 @@ def predivided(op, predivide, process_set=None):
     with a factor f is a Sum scaled by 1/f before and f/size after (the
     size of `process_set`; None: the set in effect)."""
     if op == Average and predivide != 1.0:
-        size = collectives.size() if process_set in (None, process_sets.global_process_set) \
-            else len(process_set.ranks)
+        size = collectives.size() if process_set is None else len(process_set.ranks)
         return Sum, 1.0 / predivide, predivide / size
     return op, 1.0, 1.0
 
@@ -326,8 +324,8 @@ def allgather(tensor, name=None, ignore_name_scope=False, process_set=None):
     with tf.name_scope(name or "HorovodAllgather"):
         @tf.custom_gradient
         def gathered(value):
-            result, counts = _gathered(value, symbol, name, refusal=_scalar_refusal(
-                value, 1, "a scalar was to be gathered", symbol,
+            result, counts = _gathered(value, symbol, name, refusal=scalar_refusal(
+                [value], "a scalar to gather", "a scalar was to be gathered", symbol,
                 "a tensor of rank 1 or more (gathered along its first dimension)",
                 "gather tf.reshape(x, [1])"))
 
@@ -343,11 +341,14 @@ def allgather(tensor, name=None, ignore_name_scope=False, process_set=None):
         return gathered(tensor)
 
 
-def _scalar_refusal(tensor, code, failed, symbol, expected, remedy):
-    """The refusal (`_negotiated`'s) of a scalar `tensor`, or none."""
-    if tensor.shape.rank != 0:
+def scalar_refusal(tensors, reason, failed, symbol, expected, remedy):
+    """The refusal (`negotiated`'s) where one of `tensors` is a scalar:
+    the code of `reason` in negotiation.REFUSALS and a ValueError; else
+    none."""
+    if all(tensor.shape.rank != 0 for tensor in tensors):
         return 0, None
-    return code, ValueError(errors.message(failed, symbol, expected, "a scalar", remedy))
+    return negotiation.REFUSALS.index(reason), ValueError(
+        errors.message(failed, symbol, expected, "a scalar", remedy))
 
 
 def _gathered(tensor, symbol, name=None, refusal=(0, None)):

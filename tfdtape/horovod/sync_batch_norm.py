@@ -57,6 +57,12 @@ def _checked(fused, kwargs):
     return kwargs
 
 
+def _weights(mask, dtype):
+    """Each element's frequency from Keras's `mask` (one less dimension than
+    the inputs), or None without one."""
+    return None if mask is None else tf.expand_dims(tf.cast(mask, dtype), -1)
+
+
 def _keras3_class(base):
     class SyncBatchNormalization(base):
         """Horovod's SyncBatchNormalization (Keras 3): see the module."""
@@ -65,9 +71,8 @@ def _keras3_class(base):
             super().__init__(**_checked(fused, kwargs))
 
         def _moments(self, inputs, mask):
-            weights = None if mask is None else tf.expand_dims(
-                tf.cast(mask, inputs.dtype), -1)
-            mean, variance = synced_moments(inputs, self._reduction_axes, weights)
+            mean, variance = synced_moments(inputs, self._reduction_axes,
+                                            _weights(mask, inputs.dtype))
             return tf.squeeze(mean), tf.squeeze(variance)
 
     return SyncBatchNormalization
@@ -81,9 +86,8 @@ def _keras2_class(base):
             super().__init__(fused=False, **_checked(fused, kwargs))
 
         def _calculate_mean_and_var(self, inputs, reduction_axes, keep_dims, mask=None):
-            weights = None if mask is None else tf.expand_dims(
-                tf.cast(mask, inputs.dtype), -1)
-            mean, variance = synced_moments(inputs, reduction_axes, weights)
+            mean, variance = synced_moments(inputs, reduction_axes,
+                                            _weights(mask, inputs.dtype))
             if not keep_dims:
                 mean, variance = (tf.squeeze(mean, reduction_axes),
                                   tf.squeeze(variance, reduction_axes))
