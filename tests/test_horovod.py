@@ -1050,6 +1050,11 @@ def test_sync_batch_normalization_refuses_what_it_cannot_do(alone):
     np.testing.assert_allclose(layer(values, training=True).numpy(),
                                plain(values, training=True).numpy(), rtol=1e-6)
     assert isinstance(layer, tf.keras.layers.BatchNormalization)
+    # Several in one model (Horovod's fixed default name made a Sequential refuse).
+    model = tf.keras.Sequential([tf.keras.Input((2,)), hvd.SyncBatchNormalization(),
+                                 hvd.SyncBatchNormalization()])
+    names = [each.name for each in model.layers]
+    assert len(set(names)) == 2 and all(n.startswith("sync_batch_normalization") for n in names)
 
 
 def test_process_sets_in_a_job_of_one(alone):

@@ -53,8 +53,7 @@ def _checked(fused, kwargs):
             "statistics over the job's processes, or a strategy's replicas",
             "synchronized=True", "drop synchronized: this layer synchronizes over the "
             "processes of the tfdtape.horovod job"))
-    kwargs.setdefault("name", "sync_batch_normalization")
-    return kwargs
+    return kwargs  # Keras names it from the class: sync_batch_normalization, _1, ...
 
 
 def _weights(mask, dtype):
