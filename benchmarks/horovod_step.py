@@ -16,10 +16,13 @@ styles alternating; each times the same number of steps after a warm-up
 step, and the sample is the slower process's median. Reported: the median
 over samples per style and mode, horovod / mwms, and, in a `tf.function`,
 the collectives one step issues (the traced graph's collective ops).
-Target: <= 1.0x.
+Target: <= 1.0x. With --batch-norm, each hidden layer is followed by a
+synchronized BatchNormalization, trained: Keras's `synchronized=True` under
+the strategy, `hvd.SyncBatchNormalization` under tfdtape.horovod (the
+statistics of the global batch either way).
 
 Usage: python benchmarks/horovod_step.py [--samples 5] [--layers 8]
-           [--modes eager tf_function] [--steps N]
+           [--modes eager tf_function] [--steps N] [--batch-norm]
 """
 
 import argparse
@@ -47,7 +50,19 @@ def _collectives(step):
     return sum(op.type.startswith("Collective") for op in graph.get_operations())
 
 
-def _worker(style, mode, layers, steps):
+def _hidden(keras, style, batch_norm):
+    """One hidden layer: Dense, then (with `batch_norm`) the style's
+    synchronized BatchNormalization."""
+    dense = [keras.layers.Dense(WIDTH, activation="relu")]
+    if not batch_norm:
+        return dense
+    if style == "horovod":
+        import tfdtape.horovod as hvd
+        return dense + [hvd.SyncBatchNormalization()]
+    return dense + [keras.layers.BatchNormalization(synchronized=True)]
+
+
+def _worker(style, mode, layers, steps, batch_norm):
     """One process of the job: times its steps; prints JSON."""
     os.environ["TF_CPP_MIN_LOG_LEVEL"] = "3"
     import tensorflow as tf
@@ -66,7 +81,7 @@ def _worker(style, mode, layers, steps):
     with scope():
         model = keras.Sequential(
             [keras.Input((WIDTH,))] +
-            [keras.layers.Dense(WIDTH, activation="relu") for _ in range(layers)] +
+            [layer for _ in range(layers) for layer in _hidden(keras, style, batch_norm)] +
             [keras.layers.Dense(1)])
         optimizer = keras.optimizers.SGD(0.01)
         optimizer.build(model.trainable_variables)
@@ -81,7 +96,7 @@ def _worker(style, mode, layers, steps):
 
         def step():
             with tf.GradientTape() as tape:
-                error = model(x) - y
+                error = model(x, training=True) - y
                 loss = tf.reduce_mean(tf.reduce_sum(error * error, axis=1))
             tape = hvd.DistributedGradientTape(tape)
             optimizer.apply_gradients(zip(tape.gradient(loss, variables), variables))
@@ -93,7 +108,7 @@ def _worker(style, mode, layers, steps):
         def step():
             def replica_step(x, y):
                 with tf.GradientTape() as tape:
-                    error = model(x) - y
+                    error = model(x, training=True) - y
                     loss = tf.nn.compute_average_loss(
                         tf.reduce_sum(error * error, axis=1), global_batch_size=BATCH)
                 optimizer.apply_gradients(zip(tape.gradient(loss, variables), variables))
@@ -124,7 +139,7 @@ def _free_ports(count):
         return [sock.getsockname()[1] for sock in sockets]
 
 
-def _sample(style, mode, layers, steps):
+def _sample(style, mode, layers, steps, batch_norm):
     """(the slower process's median step time, collectives per step) of one
     fresh job."""
     cluster = {"worker": [f"127.0.0.1:{port}" for port in _free_ports(WORKERS)]}
@@ -135,7 +150,8 @@ def _sample(style, mode, layers, steps):
                 {"cluster": cluster, "task": {"type": "worker", "index": index}}))
             processes.append(subprocess.Popen(
                 [sys.executable, __file__, "--worker", style, mode,
-                 "--layers", str(layers), "--steps", str(steps)],
+                 "--layers", str(layers), "--steps", str(steps)]
+                + (["--batch-norm"] if batch_norm else []),
                 env=environment, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                 text=True))
         results = []
@@ -159,10 +175,12 @@ def main():
     parser.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES))
     parser.add_argument("--steps", type=int, default=0,
                         help="timed steps per process (default: 20 eager, 100 traced)")
+    parser.add_argument("--batch-norm", action="store_true",
+                        help="a synchronized BatchNormalization after each hidden layer")
     parser.add_argument("--worker", nargs=2, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
-        _worker(*args.worker, args.layers, args.steps)
+        _worker(*args.worker, args.layers, args.steps, args.batch_norm)
         return
     if args.samples < 1 or args.layers < 0 or args.steps < 0:
         parser.error("--samples must be at least 1, --layers and --steps at least 0")
@@ -173,14 +191,17 @@ def main():
         for index in range(args.samples):
             order = STYLES if index % 2 == 0 else STYLES[::-1]
             for style in order:
-                seconds, collectives[style] = _sample(style, mode, args.layers, args.steps)
+                seconds, collectives[style] = _sample(style, mode, args.layers, args.steps,
+                                                      args.batch_norm)
                 found[style].append(seconds)
             print(f"{mode} sample {index + 1}/{args.samples}: " + "  ".join(
                 f"{s} {found[s][-1] * 1000:.2f} ms" for s in STYLES),
                 file=sys.stderr, flush=True)
         rows.append((mode, {style: statistics.median(times)
                             for style, times in found.items()}, collectives))
-    print(f"Dense model, {args.layers} hidden layers of {WIDTH}, global batch {BATCH}, "
+    print(f"Dense model, {args.layers} hidden layers of {WIDTH}"
+          f"{' each with a synchronized BatchNormalization' if args.batch_norm else ''}, "
+          f"global batch {BATCH}, "
           f"{WORKERS} processes on loopback; {args.samples} fresh jobs per style and "
           "mode, median step time (ms); collectives per traced step")
     print(f"{'mode':12} {'mwms':>10} {'horovod':>10} {'horovod/mwms':>13}  collectives")

@@ -137,7 +137,7 @@ def _scaled(value, factor):
 def reduce_dense(tensor, op, prescale_factor, postscale_factor, compression, symbol):
     """The all-reduce of one dense tensor the processes agreed on,
     differentiable for Sum and Average as Horovod's: the gradient is the
-    same all-reduce (negotiated) of the upstream gradient. Min, Max and
+    same all-reduce (checked) of the upstream gradient. Min, Max and
     Product have no gradient."""
 
     process_set_id = collectives.current_set()
@@ -147,9 +147,9 @@ def reduce_dense(tensor, op, prescale_factor, postscale_factor, compression, sym
             _refuse("a gradient through an all-reduce with no derivative", symbol,
                     "op=hvd.Sum or hvd.Average", _NAMES[op],
                     "differentiate around the all-reduce", kind=LookupError)
-        with collectives.resumed(process_set_id):
-            return allreduce(upstream, op=op, prescale_factor=prescale_factor,
-                             postscale_factor=postscale_factor, compression=compression)
+        with collectives.resumed(process_set_id):  # its check rides in it where it can
+            return reduce_group([upstream], op, prescale_factor, postscale_factor,
+                                compression)[0]
 
     @tf.custom_gradient
     def reduce_one(value):

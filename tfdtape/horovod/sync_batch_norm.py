@@ -3,8 +3,9 @@
 are the job's: the mean and variance over every process's batch, as one
 device's BatchNormalization computes them on the global batch.
 
-Two all-reduces per layer and training step: the sums and counts (the
-global mean), then the squared deviations from it (the variance), so
+Two all-reduces per layer and training step (the check of each riding in
+it): the sums and counts (the global mean), then the squared deviations
+from it (the variance), so
 batches of different sizes per process weigh by their rows and no
 E[x²] - E[x]² cancels. Gradients flow through both, as through Horovod's.
 """
@@ -30,7 +31,7 @@ def synced_moments(inputs, axes, weights=None):
     total, count = ops.grouped_allreduce(local, op=ops.Sum)
     mean = total / count
     squared = tf.reduce_sum(tf.square(values - mean) * weights, axes, keepdims=True)
-    variance = ops.allreduce(squared, op=ops.Sum) / count
+    variance = ops.grouped_allreduce([squared], op=ops.Sum)[0] / count
     return tf.cast(mean, inputs.dtype), tf.cast(variance, inputs.dtype)
 
 
