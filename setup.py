@@ -23,7 +23,8 @@ setuptools.setup(
                  "as a patch of installed TensorFlow."),
     long_description=(_HERE / "README.md").read_text(encoding="utf-8"),
     long_description_content_type="text/markdown",
-    packages=["tfdtape", "tfdtape.cli", "tfdtape.horovod", "tfdtape.horovod.keras"],
+    packages=["tfdtape", "tfdtape.cli", "tfdtape.horovod", "tfdtape.horovod.keras",
+              "tfdtape.launchers"],
     # Declared, though it is the default, so that an editable install is a
     # plain path entry, as before PEP 660, rather than an import finder on
     # sys.meta_path ahead of the one `tfdtape run` puts there.
@@ -39,6 +40,7 @@ setuptools.setup(
         "cpu": [f"tensorflow-cpu{_TENSORFLOW}"],
         "tensorflow": [f"tensorflow{_TENSORFLOW}"],
         "test": ["pytest>=7", "pytest-xdist>=3"],
+        "mpi": ["mpi4py>=3.1"],
         "lint": ["ruff==0.17.6"],
         "release": ["build>=1", "twine>=5"],
         "docs": ["mkdocs==1.6.1"],

@@ -36,10 +36,11 @@ def worker_configs(count):
             for index in range(count)]
 
 
-def run_processes(tf_configs, arguments, time_limit, env=None):
+def run_processes(tf_configs, arguments, time_limit, env=None, envs=None):
     """Runs `python ARGUMENTS...` once per TF_CONFIG (None: no cluster), all
-    at once, with tests/ on PYTHONPATH; returns the JSON each printed last,
-    in order. Under `pytest --record-exercise` a script runs recorded
+    at once, with tests/ on PYTHONPATH (and `envs[i]`, where given, in the
+    i-th process's environment); returns the JSON each printed last, in
+    order. Under `pytest --record-exercise` a script runs recorded
     (tests/recorded_process.py).
 
     Every process is killed once `time_limit` seconds have passed since the
@@ -49,9 +50,9 @@ def run_processes(tf_configs, arguments, time_limit, env=None):
     processes = []
     deadline = time.monotonic() + time_limit
     try:
-        for tf_config in tf_configs:
+        for index, tf_config in enumerate(tf_configs):
             environment = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", **(env or {}),
-                               PYTHONPATH=os.pathsep.join(
+                               **(envs[index] if envs else {}), PYTHONPATH=os.pathsep.join(
                                    [str(TESTS), os.environ.get("PYTHONPATH", "")]))
             environment.pop("TF_CONFIG", None)
             if tf_config is not None:

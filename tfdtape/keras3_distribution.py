@@ -16,7 +16,8 @@ then ignored, and `fit` trains on one device with plain variables.
   life of the process, so a model built under one `scope()` trains under
   the next. `set_distribution(None)` puts back no strategy.
 - `initialize()` (its arguments, Keras's KERAS_DISTRIBUTION_* variables, or
-  the TF_CONFIG `tfdtape launch` and schedulers set) starts the job's
+  the job its launcher started: `tfdtape launch`, a scheduler's TF_CONFIG,
+  Slurm's srun, MPI's mpirun; `tfdtape.launchers`) starts the job's
   MultiWorkerMirroredStrategy; a DataParallel then runs on it, marked with
   the job's processes, so Keras shards a `tf.data` dataset of global
   batches as it does on JAX (each process its share of every batch; none
@@ -47,7 +48,6 @@ from tensorflow.python.distribute import collective_all_reduce_strategy
 from tensorflow.python.distribute import distribute_lib
 from tensorflow.python.distribute import mirrored_strategy
 from tensorflow.python.distribute.cluster_resolver import cluster_resolver as resolvers
-from tensorflow.python.distribute.cluster_resolver import tfconfig_cluster_resolver
 from tensorflow.python.eager import context
 from tensorflow.python.framework import config as tf_config
 from tensorflow.python.framework import device as device_lib
@@ -60,8 +60,10 @@ from tensorflow.python.util import nest
 from tfdtape import errors
 from tfdtape import events
 from tfdtape import keras_variables
+from tfdtape import launchers
 from tfdtape import process_state
 from tfdtape import resolution
+from tfdtape.launchers import tensorflow_job
 
 DEFINING_MODULE = "keras.src.distribution.distribution_lib"
 """Where Keras 3 defines its distribution API (watched for by
@@ -253,15 +255,15 @@ def _check_job_devices(name, names, strategy):
 
 
 def _job_from_environment():
-    """None for a process alone; refuses a TF_CONFIG of several workers
-    when `initialize()` did not start the job."""
-    cluster = json.loads(os.environ.get("TF_CONFIG") or "{}").get("cluster", {})
-    if sum(len(tasks) for tasks in cluster.values()) > 1:
+    """None for a process alone; refuses a launch of several processes
+    (`tfdtape.launchers.find_job`) when `initialize()` did not start it."""
+    found = launchers.find_job()
+    if found is not None and found.size > 1:
         raise _refuse("a Keras distribution in a job of several processes before "
                       "keras.distribution.initialize()",
                       "keras.distribution.set_distribution",
                       "keras.distribution.initialize() first",
-                      f"TF_CONFIG naming {json.dumps(cluster)}",
+                      f"{found.describe()}",
                       "Call keras.distribution.initialize() at the start of every "
                       "process, before any TensorFlow computation")
     return None
@@ -325,10 +327,13 @@ _SYMBOL_INITIALIZE = "keras.distribution.initialize"
 def start_job(job_addresses, num_processes, process_id):
     """Starts the job's MultiWorkerMirroredStrategy: on the workers
     `job_addresses` names (comma-separated host:port, one per process), or
-    TF_CONFIG's; a process alone starts nothing.
+    the launcher's (`tfdtape.launchers.find_job`); a process alone starts
+    nothing.
 
     Raises:
         ValueError: addresses, count and id that do not describe one job.
+        JobFormationError: a launch of several processes that cannot be
+            one job.
         RuntimeError: TensorFlow's runtime started before (collectives are
             set up when it starts), or another job was started.
     """
@@ -350,10 +355,13 @@ def start_job(job_addresses, num_processes, process_id):
         resolver = resolvers.SimpleClusterResolver(
             server_lib.ClusterSpec({"worker": addresses}), task_type="worker",
             task_id=process_id, rpc_layer="grpc")
-    elif "TF_CONFIG" in os.environ:
-        resolver = tfconfig_cluster_resolver.TFConfigClusterResolver()
+        processes = num_processes
     else:
-        return  # a process alone: nothing to start
+        found = launchers.find_job()
+        if found is None or found.size < 2:
+            return  # a process alone: nothing to start
+        resolver = tensorflow_job.resolver_of(found)
+        processes, process_id = found.size, found.rank
     cluster = resolver.cluster_spec().as_dict()
     key = (json.dumps(cluster, sort_keys=True), resolver.task_type, resolver.task_id)
     if _state.job is not None:
@@ -372,9 +380,8 @@ def start_job(job_addresses, num_processes, process_id):
                       "process", RuntimeError)
     strategy = collective_all_reduce_strategy.CollectiveAllReduceStrategy(
         cluster_resolver=resolver)
-    processes = sum(len(tasks) for tasks in cluster.values())
     _state.job = types.SimpleNamespace(strategy=strategy, processes=processes,
-                                       process_id=resolver.task_id, key=key)
+                                       process_id=process_id, key=key)
 
 
 def make_get_tf_dataset(original):

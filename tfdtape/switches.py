@@ -15,18 +15,23 @@ ALLOW_UNTESTED_TENSORFLOW = "TFDTAPE_ALLOW_UNTESTED_TENSORFLOW"
 """Whether `install()` accepts a TensorFlow release tfdtape was not tested on
 (default off)."""
 
+INDEPENDENT_PROCESSES = "TFDTAPE_INDEPENDENT_PROCESSES"
+"""Whether the processes a launcher (Slurm, MPI) started are separate jobs,
+one each (default off: they are one job)."""
+
 _WORDS = {"1": True, "true": True, "yes": True, "on": True,
           "0": False, "false": False, "no": False, "off": False}
 
 
-def read(variable, default, remedy):
-    """The switch `variable`'s value, `default` when it is unset or empty.
+def read(variable, default, remedy, environ=None):
+    """The switch `variable`'s value in `environ` (default: this process's
+    environment), `default` when it is unset or empty.
 
     Raises:
         ValueError: the variable holds a word not understood; the message
             ends with `remedy`.
     """
-    raw = os.environ.get(variable)
+    raw = (os.environ if environ is None else environ).get(variable)
     if raw is None or not raw.strip():  # unset, or set to nothing
         return default
     choice = _WORDS.get(raw.strip().lower())

@@ -28,6 +28,7 @@ import types
 from collections.abc import Callable
 
 from tensorflow.python import pywrap_tfe
+from tensorflow.python.distribute import collective_all_reduce_strategy
 from tensorflow.python.distribute import distribute_lib
 from tensorflow.python.distribute import merge_call_interim
 from tensorflow.python.distribute import mirrored_run
@@ -56,6 +57,7 @@ from tfdtape import merge_calls
 from tfdtape import process_state
 from tfdtape import spanning_tapes
 from tfdtape import tape_functions
+from tfdtape.launchers import tensorflow_job
 
 _MISSING = object()
 
@@ -379,6 +381,9 @@ def patch_targets():
                     collectives.make_gather_to),
         PatchTarget(values_lib.MirroredVariable, "_get_cross_replica", ("self",),
                     cross_replica_reads.make_get_cross_replica),
+        PatchTarget(collective_all_reduce_strategy.CollectiveAllReduceStrategy,
+                    "__init__", ("self", "cluster_resolver", "communication_options"),
+                    tensorflow_job.make_strategy_init),
     ]
     table += [PatchTarget(cls, captured_inputs.RESOLVER_METHOD, ("self",),
                           captured_inputs.make_resolver_replacement)

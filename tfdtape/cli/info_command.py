@@ -1,5 +1,6 @@
-"""`python -m tfdtape info`: versions, TensorFlow's own resolution, and who
-holds each patch target now."""
+"""`python -m tfdtape info`: versions, TensorFlow's own resolution, the job
+the launcher started this process in, and who holds each patch target
+now."""
 
 import platform
 
@@ -36,6 +37,7 @@ def run(args):
     print("defun captured-input resolution: " + (
         ", ".join(cls.__qualname__ for cls in resolving) if resolving
         else "absent (removed upstream, as the commit did)"))
+    print(f"job: {job_text()}")
     installed = patching.is_installed()
     print(f"installed in this process: {'yes' if installed else 'no'}"
           " (`import tfdtape` installs)")
@@ -54,6 +56,28 @@ def run(args):
         if target.holder() != targets.MISSING:
             print(f"  {target.symbol}: {_holder_text(target, targets)}")
     return command_line.EXIT_PASSED
+
+
+def job_text():
+    """The job this process's launcher started it in, as tfdtape reads it
+    (`tfdtape.launchers.find_job`), or why it cannot be one."""
+    from tfdtape import launchers
+    try:
+        found = launchers.find_job()
+    except (launchers.JobFormationError, ValueError) as error:
+        return f"cannot be formed: {error}"
+    if found is None:
+        return f"this process alone (no launcher of several processes; " \
+               f"{switches.INDEPENDENT_PROCESSES} " \
+               f"{'set' if _independent() else 'not set'})"
+    return found.describe()
+
+
+def _independent():
+    try:
+        return switches.read(switches.INDEPENDENT_PROCESSES, False, "")
+    except ValueError:
+        return False
 
 
 def scoped_patch_targets():

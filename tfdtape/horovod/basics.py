@@ -1,20 +1,18 @@
 """The process's place in a Horovod-style job, and the engine under it.
 
-`init()` finds the job: the environment `tfdtape launch` gives each process
-(`TF_CONFIG`, `TFDTAPE_LOCAL_RANK`, ...), a `TF_CONFIG` of the user's own,
-or a Slurm allocation of several tasks (through TensorFlow's cluster
-resolvers). With several processes it starts TensorFlow's collective
+`init()` finds the job where its launcher put it (`tfdtape.launchers`:
+`tfdtape launch`, a TF_CONFIG of a scheduler's or the user's own, Slurm's
+srun, Open MPI's mpirun, MPICH's mpiexec). With several processes it starts TensorFlow's collective
 runtime over gRPC by creating a MultiWorkerMirroredStrategy, whose
 collectives (one allocator of group and instance keys for everything) every
 operation of `tfdtape.horovod` issues on this process's one device. With
 none, the job is this process alone: size 1, every collective the identity.
 
-Ranks are the strategy's task indices; the local rank and size come from
-the launcher's environment, else from the cluster's host names.
+Ranks, local ranks and sizes are the launcher's (TF_CONFIG's chief is rank
+0); cross ranks come from the cluster's host names.
 """
 
 import dataclasses
-import json
 import os
 import threading
 
@@ -22,7 +20,9 @@ import tensorflow as tf
 from tensorflow.python.eager import context
 
 from tfdtape import errors
+from tfdtape import launchers
 from tfdtape import process_job
+from tfdtape.launchers import tensorflow_job
 
 _lock = threading.Lock()
 _state = None  # The Job once init() ran, until shutdown().
@@ -57,9 +57,11 @@ def init(comm=None):
     if comm is not None:
         raise NotImplementedError(errors.message(
             "init() was given an MPI communicator", "tfdtape.horovod.init",
-            "no comm (tfdtape.horovod has no MPI: its processes find each other "
-            "through TF_CONFIG, which `tfdtape launch` sets)", type(comm).__name__,
-            "call hvd.init() without comm and start the job with `tfdtape launch`"))
+            "no comm (the job is every process the launcher started: mpirun's "
+            "COMM_WORLD, srun's tasks, TF_CONFIG's chief and workers)",
+            type(comm).__name__,
+            "call hvd.init() without comm; for a job of some processes only, "
+            "use process sets (hvd.ProcessSet)"))
     with _lock:
         if _joined is None:
             with context.eager_mode():  # though a TensorFlow 1 graph be the default here
@@ -69,13 +71,19 @@ def init(comm=None):
 
 
 def _join():
-    resolver = _cluster_resolver()
-    if resolver is None:
+    found = launchers.find_job()
+    if found is not None and found.task_type == "evaluator":
+        raise RuntimeError(errors.message(
+            "init() in TF_CONFIG's evaluator", "tfdtape.horovod.init",
+            "a training process (TF_CONFIG's chief or a worker)",
+            "task type evaluator", "Run the Horovod program in the chief and the "
+            "workers; an evaluator evaluates checkpoints without hvd.init()"))
+    if found is None:
         return Job(rank=0, size=1, local_rank=0, local_size=1, cross_rank=0,
                    cross_size=1)
-    workers = resolver.cluster_spec().as_dict().get("worker", [])
     try:
-        strategy = tf.distribute.MultiWorkerMirroredStrategy(cluster_resolver=resolver)
+        strategy = tf.distribute.MultiWorkerMirroredStrategy(
+            cluster_resolver=tensorflow_job.resolver_of(found))
     except RuntimeError as error:
         raise RuntimeError(errors.message(
             "init() could not start TensorFlow's collectives between processes",
@@ -91,41 +99,15 @@ def _join():
             ", ".join(extended.worker_devices),
             "start the job with `tfdtape launch`, which gives each process its "
             "own GPU, or set CUDA_VISIBLE_DEVICES per process"))
-    rank = resolver.task_id
-    hosts = [address.rsplit(":", 1)[0] for address in workers]
-    local_rank, local_size = _local_place(rank, hosts)
+    hosts = [address.rsplit(":", 1)[0] for address in found.addresses]
     host_order = list(dict.fromkeys(hosts))
-    cross_rank = _environment_int("CROSS_RANK", host_order.index(hosts[rank]))
+    cross_rank = _environment_int("CROSS_RANK", host_order.index(hosts[found.rank]))
     cross_size = _environment_int("CROSS_SIZE", len(host_order))
-    return Job(rank=rank, size=len(workers), local_rank=local_rank,
-               local_size=local_size, cross_rank=cross_rank, cross_size=cross_size,
-               strategy=strategy,
+    return Job(rank=found.rank, size=found.size, local_rank=found.local_rank,
+               local_size=found.local_size, cross_rank=cross_rank,
+               cross_size=cross_size, strategy=strategy,
                launcher=extended._cross_device_ops._launchers[0],
                device=extended.worker_devices[0])
-
-
-def _cluster_resolver():
-    """TensorFlow's resolver of the job this process is in, or None when it
-    is alone (no TF_CONFIG with several workers, no Slurm job of several
-    tasks)."""
-    config = os.environ.get("TF_CONFIG")
-    if config:
-        try:
-            workers = json.loads(config).get("cluster", {}).get("worker", [])
-        except (ValueError, AttributeError) as error:
-            raise ValueError(errors.message(
-                "the job's processes cannot be read from TF_CONFIG",
-                "tfdtape.horovod.init", "a JSON object with a cluster",
-                f"{config[:80]!r} ({error})",
-                "start the job with `tfdtape launch`, or set TF_CONFIG as "
-                "MultiWorkerMirroredStrategy documents it")) from None
-        if len(workers) > 1:
-            return tf.distribute.cluster_resolver.TFConfigClusterResolver()
-        return None
-    if int(os.environ.get("SLURM_NTASKS", "1")) > 1 and "SLURM_PROCID" in os.environ:
-        return tf.distribute.cluster_resolver.SlurmClusterResolver(
-            jobs={"worker": int(os.environ["SLURM_NTASKS"])}, gpus_per_task=None)
-    return None
 
 
 def _environment_int(name, default):
@@ -134,13 +116,6 @@ def _environment_int(name, default):
         if prefix + name in os.environ:
             return int(os.environ[prefix + name])
     return default
-
-
-def _local_place(rank, hosts):
-    """(local rank, local size): the launcher's, else from the hosts."""
-    same_host = [index for index, host in enumerate(hosts) if host == hosts[rank]]
-    return (_environment_int("LOCAL_RANK", same_host.index(rank)),
-            _environment_int("LOCAL_SIZE", len(same_host)))
 
 
 def job():

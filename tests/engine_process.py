@@ -1,0 +1,105 @@
+"""One process of a job a cluster engine started (Slurm's srun, Open MPI's
+mpirun, MPICH's mpiexec, a TFJob's TF_CONFIG), for tests/test_engines.py.
+It trains a linear model for STEPS steps of SGD on GLOBAL_BATCH rows a step
+and prints one JSON object: its place in the job and the weights.
+
+    python tests/engine_process.py MODE
+        horovod       tfdtape.horovod: hvd.init(), this rank's rows of every
+                      global batch, DistributedGradientTape
+        strategy      MultiWorkerMirroredStrategy() (no resolver), Keras 3
+                      fit on the global batches
+        distribution  keras.distribution.initialize(), DataParallel(), fit
+        reference     one device on the global batches (the oracle)
+"""
+
+import json
+import os
+import sys
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+
+import numpy as np
+
+GLOBAL_BATCH = 8
+STEPS = 4
+RATE = 0.1
+RNG = np.random.default_rng(11)
+FEATURES = RNG.normal(size=(STEPS * GLOBAL_BATCH, 3)).astype(np.float32)
+LABELS = (FEATURES @ np.array([[1.0], [-2.0], [0.5]], np.float32) + 0.25).astype(np.float32)
+
+
+def model(keras):
+    built = keras.Sequential([keras.Input((3,)), keras.layers.Dense(
+        1, kernel_initializer="zeros", bias_initializer="zeros")])
+    built.compile(optimizer=keras.optimizers.SGD(RATE), loss="mse")
+    return built
+
+
+def weights(built):
+    """Every weight's values, flat, in order."""
+    return np.concatenate([np.ravel(weight) for weight in built.get_weights()]).tolist()
+
+
+def global_batches(tf):
+    return tf.data.Dataset.from_tensor_slices((FEATURES, LABELS)).batch(GLOBAL_BATCH)
+
+
+def horovod():
+    import tensorflow as tf
+
+    import tfdtape.horovod as hvd
+    hvd.init()
+    import keras
+    built = model(keras)
+    rows = GLOBAL_BATCH // hvd.size()
+    for step in range(STEPS):
+        start = step * GLOBAL_BATCH + hvd.rank() * rows
+        x, y = FEATURES[start:start + rows], LABELS[start:start + rows]
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean(tf.square(built(x) - y))
+        tape = hvd.DistributedGradientTape(tape)
+        grads = tape.gradient(loss, built.trainable_variables)
+        built.optimizer.apply_gradients(zip(grads, built.trainable_variables))
+    return {"rank": hvd.rank(), "size": hvd.size(), "local_rank": hvd.local_rank(),
+            "local_size": hvd.local_size(), "weights": weights(built)}
+
+
+def strategy():
+    import tensorflow as tf
+
+    import tfdtape  # noqa: F401
+    chosen = tf.distribute.MultiWorkerMirroredStrategy()
+    import keras
+    with chosen.scope():
+        built = model(keras)
+    built.fit(global_batches(tf), epochs=1, verbose=0, shuffle=False)
+    resolver = chosen.cluster_resolver
+    return {"task": [resolver.task_type, resolver.task_id],
+            "replicas": chosen.num_replicas_in_sync, "weights": weights(built)}
+
+
+def distribution():
+    import keras
+    import tensorflow as tf
+
+    import tfdtape  # noqa: F401
+    keras.distribution.initialize()
+    keras.distribution.set_distribution(keras.distribution.DataParallel())
+    built = model(keras)
+    built.fit(global_batches(tf), epochs=1, verbose=0, shuffle=False)
+    return {"replicas": tf.distribute.get_strategy().num_replicas_in_sync,
+            "weights": weights(built)}
+
+
+def reference():
+    import keras
+    import tensorflow as tf
+    built = model(keras)
+    built.fit(global_batches(tf), epochs=1, verbose=0, shuffle=False)
+    return {"weights": weights(built)}
+
+
+if __name__ == "__main__":
+    MODES = {"horovod": horovod, "strategy": strategy, "distribution": distribution,
+             "reference": reference}
+    print(json.dumps(MODES[sys.argv[1]]()), flush=True)

@@ -1,0 +1,67 @@
+"""A launcher's job as TensorFlow takes it: the cluster resolver of its
+processes, the GPU each process sees, and MultiWorkerMirroredStrategy's
+default resolver (the patch target `make_strategy_init` makes). The one
+module of `tfdtape.launchers` that imports TensorFlow."""
+
+import functools
+import os
+
+from tensorflow.python.distribute.cluster_resolver import tfconfig_cluster_resolver
+from tensorflow.python.eager import context
+from tensorflow.python.training import server_lib
+
+from tfdtape import launchers
+
+
+class LauncherClusterResolver(tfconfig_cluster_resolver.TFConfigClusterResolver):
+    """The cluster of a launcher's job (Slurm, MPI), answering as a
+    TF_CONFIG of it would: MultiWorkerMirroredStrategy treats it as
+    TensorFlow's own TF_CONFIG resolver (the local GPUs counted alike)."""
+
+    def __init__(self, job):
+        super().__init__(task_type=job.task_type, task_id=job.task_index,
+                         rpc_layer="grpc")
+        self.job = job
+
+    def cluster_spec(self):
+        return server_lib.ClusterSpec(self.job.cluster())
+
+
+def resolver_of(job):
+    """TensorFlow's resolver of `job` (several processes): TF_CONFIG's own
+    where TF_CONFIG describes it, else a LauncherClusterResolver. Makes the
+    job's GPU for this process the only one visible first, while the
+    runtime has not started."""
+    if job.launcher in ("TF_CONFIG", "tfdtape launch"):
+        return tfconfig_cluster_resolver.TFConfigClusterResolver()
+    _show_only_the_jobs_gpus(job)
+    return LauncherClusterResolver(job)
+
+
+def _show_only_the_jobs_gpus(job):
+    """CUDA_VISIBLE_DEVICES as the launcher's job gives this process (one
+    GPU, as `tfdtape launch` gives), unless TensorFlow's runtime has started
+    (its devices are fixed then) or the launcher named none."""
+    if job.gpus is None or context.context()._context_handle is not None:
+        return
+    os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(job.gpus)
+
+
+def make_strategy_init(original):
+    """Returns a MultiWorkerMirroredStrategy `__init__` whose default
+    resolver, where no TF_CONFIG is set, is the job the launcher started."""
+
+    @functools.wraps(original)
+    def __init__(self, cluster_resolver=None, communication_options=None):
+        """TensorFlow's constructor. Without a cluster resolver and without
+        TF_CONFIG, in a process that Slurm's srun or MPI's mpirun started
+        with others, the strategy spans every process of that launch
+        (`tfdtape.launchers.find_job`), as TF_CONFIG would make it; where
+        they cannot be one job, JobFormationError on every process."""
+        if cluster_resolver is None and not os.environ.get("TF_CONFIG"):
+            found = launchers.find_job()
+            if found is not None and found.size > 1:
+                cluster_resolver = resolver_of(found)
+        original(self, cluster_resolver, communication_options)
+
+    return __init__
