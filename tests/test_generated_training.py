@@ -73,7 +73,7 @@ def test_generated_training_trains_like_one_device_or_fails_clearly(request, dev
 
 @pytest.mark.cluster
 @pytest.mark.per_release(False)
-@pytest.mark.parametrize("workers", [2, 3])
+@pytest.mark.parametrize("workers", [2])  # 3: test_multi_worker_spanning, keras_distribution
 def test_generated_training_on_workers_trains_like_one_device(request, workers):
     seed, _ = gp.search_size(request.config, (CI_SEED, CI_CASES), RELEASE_SEARCH)
     outputs = loopback.run_processes(

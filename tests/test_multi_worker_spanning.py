@@ -232,6 +232,7 @@ def test_tfdtape_run_on_each_worker_reports_its_totals_all_reduced(tmp_path):
         assert "each the sum of 1 components, all-reduced across 2 workers" in summary
 
 
+@pytest.mark.per_release(False)  # the spanning step per release: the tests above
 def test_verify_checks_the_spanning_step_on_two_workers(tmp_path):
     """`verify --multi-worker --only spanning_step_two_workers`: PASS, with
     both tfdtape configurations observing the job's gradient applied alike
