@@ -1137,3 +1137,19 @@ def test_sync_batch_normalization_is_one_device_s_on_the_global_batch(keras):
         assert max(result["statistics"]) <= 1e-6
         assert max(result["eager"]) <= 1e-6 and max(result["traced"]) <= 1e-6
         assert result["control"] > 1e-3
+
+
+@pytest.mark.cluster
+def test_collectives_of_tensors_with_no_element_keep_the_job(tmp_path):
+    """Issue 51: an all-reduce of a tensor made from an empty NumPy array
+    ended a process with SIGSEGV in TensorFlow's collective (2.21), and the
+    launcher stopped the job."""
+    completed = launch(2, "empty_tensors.py")
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    found = outputs(completed)
+    expected = [[name, dtype, [0, 3], dtype]
+                for dtype in ("float16", "float32", "float64", "int32", "int64")
+                for name in ("allreduce", "average", "allgather", "broadcast", "traced",
+                             "unknown")]
+    for rank in (0, 1):
+        assert found[rank] == {"results": expected, "last": 3.0}

@@ -187,17 +187,41 @@ def _launched(collective, tensor, **options):
                           ordering_token=launcher._get_ordering_token(), **options)
 
 
+def _may_be_empty(tensor):
+    """Whether `tensor` may hold no element: TensorFlow's collectives end
+    the process (SIGSEGV, TensorFlow 2.21) on some such tensors (one made
+    from an empty NumPy array), so they travel padded with one element."""
+    elements = tensor.shape.num_elements()
+    return elements is None or elements == 0
+
+
+def _padded(tensor):
+    """`tensor` flat, with one zero element after its own."""
+    return tf.concat([tf.reshape(tensor, [-1]), tf.zeros([1], tensor.dtype)], 0)
+
+
 def all_reduce(tensor, op):
     """`tensor` merged over the processes by `op` (Average is a sum here:
-    the caller divides); the same shape and dtype on every process."""
-    return _launched(collective_ops.all_reduce_v2, tensor, merge_op=MERGES[op],
-                     final_op="Id")
+    the caller divides); the same shape and dtype on every process (one of
+    no elements too: it is reduced padded)."""
+    if not _may_be_empty(tensor):
+        return _launched(collective_ops.all_reduce_v2, tensor, merge_op=MERGES[op],
+                         final_op="Id")
+    reduced = _launched(collective_ops.all_reduce_v2, _padded(tensor),
+                        merge_op=MERGES[op], final_op="Id")
+    return tf.reshape(reduced[:-1], tf.shape(tensor))
 
 
 def all_gather(tensor):
     """Every process's `tensor` concatenated along the first dimension, in
-    rank order; the same shape and dtype on every process."""
-    return _launched(collective_ops.all_gather_v2, tensor)
+    rank order; the same shape and dtype on every process (one of no
+    elements too: each process's travels padded)."""
+    if not _may_be_empty(tensor):
+        return _launched(collective_ops.all_gather_v2, tensor)
+    gathered = _launched(collective_ops.all_gather_v2, _padded(tensor))
+    shape = tf.shape(tensor)
+    rows = tf.reshape(gathered, [group().size, -1])[:, :-1]
+    return tf.reshape(rows, tf.concat([[group().size * shape[0]], shape[1:]], 0))
 
 
 def broadcast(tensor, root_rank):
@@ -209,13 +233,18 @@ def broadcast(tensor, root_rank):
     _refuse_session_graph()
     _refuse_xla()
     launcher = members.launcher
+    sent = _padded(tensor) if _may_be_empty(tensor) else tensor
     with tf.device(job.device):
         if job.rank == root_rank:
-            return collective_ops.broadcast_send_v2(
-                tensor, members.size, launcher._group_key, launcher._next_instance_key())
-        return collective_ops.broadcast_recv_v2(
-            tf.shape(tensor), tensor.dtype, members.size, launcher._group_key,
-            launcher._next_instance_key())
+            received = collective_ops.broadcast_send_v2(
+                sent, members.size, launcher._group_key, launcher._next_instance_key())
+        else:
+            received = collective_ops.broadcast_recv_v2(
+                tf.shape(sent), sent.dtype, members.size, launcher._group_key,
+                launcher._next_instance_key())
+    if sent is tensor:
+        return received
+    return tf.reshape(received[:-1], tf.shape(tensor))
 
 
 def has_all_to_all():
