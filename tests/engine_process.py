@@ -10,6 +10,13 @@ and prints one JSON object: its place in the job and the weights.
                       fit on the global batches
         distribution  keras.distribution.initialize(), DataParallel(), fit
         reference     one device on the global batches (the oracle)
+        backup        MultiWorkerMirroredStrategy(), fit for EPOCHS epochs with
+                      BackupAndRestore in $ENGINE_DIR/backup; in a Slurm job's
+                      first attempt (no SLURM_RESTART_COUNT), unless
+                      ENGINE_NO_PAUSE is set, task 0 writes $ENGINE_DIR/paused
+                      when epoch PAUSE_EPOCH begins and every task waits
+                      there (for Slurm to end it); each task writes its
+                      weights to $ENGINE_DIR/weights-TASK.json at the end
 """
 
 import json
@@ -91,6 +98,43 @@ def distribution():
             "weights": weights(built)}
 
 
+EPOCHS = 4
+PAUSE_EPOCH = 2
+
+
+def backup():
+    import time
+
+    import tensorflow as tf
+
+    import tfdtape  # noqa: F401
+    chosen = tf.distribute.MultiWorkerMirroredStrategy()
+    import keras
+    directory = os.environ["ENGINE_DIR"]
+    task = chosen.cluster_resolver.task_id
+    first_attempt = not os.environ.get("SLURM_RESTART_COUNT") and not os.environ.get(
+        "ENGINE_NO_PAUSE")
+
+    class Pause(keras.callbacks.Callback):
+        def on_epoch_begin(self, epoch, logs=None):
+            if first_attempt and epoch == PAUSE_EPOCH:
+                if task == 0:
+                    with open(os.path.join(directory, "paused"), "w") as marker:
+                        marker.write(str(epoch))
+                time.sleep(300)
+
+    with chosen.scope():
+        built = model(keras)
+    built.fit(global_batches(tf), epochs=EPOCHS, verbose=0, shuffle=False,
+              callbacks=[keras.callbacks.BackupAndRestore(os.path.join(directory, "backup")),
+                         Pause()])
+    result = {"task": task, "restarts": int(os.environ.get("SLURM_RESTART_COUNT") or 0),
+              "weights": weights(built)}
+    with open(os.path.join(directory, f"weights-{task}.json"), "w") as written:
+        json.dump(result, written)
+    return result
+
+
 def reference():
     import keras
     import tensorflow as tf
@@ -101,5 +145,5 @@ def reference():
 
 if __name__ == "__main__":
     MODES = {"horovod": horovod, "strategy": strategy, "distribution": distribution,
-             "reference": reference}
+             "reference": reference, "backup": backup}
     print(json.dumps(MODES[sys.argv[1]]()), flush=True)

@@ -71,7 +71,7 @@ class Slurm:
             f"SlurmdLogFile={self.directory / 'slurmd.log'}",
             "ProctrackType=proctrack/linuxproc", "TaskPlugin=task/none",
             "SelectType=select/cons_tres", "SelectTypeParameters=CR_Core",
-            "ReturnToService=2", "MpiDefault=none",
+            "ReturnToService=2", "MpiDefault=none", "KillWait=5",
             f"NodeName={host} CPUs={os.cpu_count()} RealMemory=8000 State=UNKNOWN",
             "PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP "
             "OverSubscribe=FORCE", ""]))
@@ -89,6 +89,26 @@ class Slurm:
             time.sleep(0.5)
         raise EngineUnavailable(f"Slurm's node did not become idle: {listed.stdout!r} "
                                 f"{listed.stderr!r}")
+
+    def job_field(self, job_id, field):
+        """A field of `scontrol show job` (JobState, Restarts, ...)."""
+        shown = subprocess.run(["scontrol", "show", "job", str(job_id)],
+                               env=self.environment(), capture_output=True, text=True,
+                               timeout=30).stdout
+        for word in shown.split():
+            name, _, value = word.partition("=")
+            if name == field:
+                return value
+        return None
+
+    def wait_for(self, job_id, condition, time_limit):
+        """Polls `condition(self, job_id)` until true; raises past the limit."""
+        deadline = time.monotonic() + time_limit
+        while not condition(self, job_id):
+            if time.monotonic() > deadline:
+                raise AssertionError(f"Slurm job {job_id} did not get there in {time_limit} "
+                                     f"s: {self.job_field(job_id, 'JobState')}")
+            time.sleep(0.5)
 
     def stop(self):
         for pid_file in self.started:

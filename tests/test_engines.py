@@ -124,3 +124,65 @@ def test_a_tfjob_with_a_chief_is_one_horovod_job(reference):
     assert [(r["rank"], r["size"]) for r in found] == [(0, 2), (1, 2)]
     for result in found:
         assert result["weights"] == pytest.approx(reference, rel=1e-6, abs=1e-7)
+
+
+def _backup_job(slurm, directory, **more):
+    """Submits a 2-task Slurm batch job (requeueable) of engine_process's
+    backup mode in `directory`; returns its id once task 0 paused in its
+    first attempt."""
+    script = directory / "job.sh"
+    script.write_text("#!/bin/bash\n#SBATCH -n 2\n#SBATCH --requeue\n"
+                      f"#SBATCH --open-mode=append\n#SBATCH -o {directory}/slurm.out\n"
+                      f"srun {engines.python()} {SCRIPT} backup\n")
+    submitted = subprocess.run(["sbatch", "--parsable", str(script)], capture_output=True,
+                               text=True, timeout=60, check=True,
+                               env=environment(slurm.environment(),
+                                               ENGINE_DIR=str(directory), **more))
+    job_id = submitted.stdout.strip().split(";")[0]
+    slurm.wait_for(job_id, lambda _, __: (directory / "paused").exists(), TIME_LIMIT)
+    return job_id
+
+
+def _weights(directory):
+    return [json.loads((directory / f"weights-{task}.json").read_text()) for task in (0, 1)]
+
+
+def test_a_slurm_job_requeued_at_its_time_limit_resumes_bitwise(slurm, tmp_path):
+    """`sbatch --signal=USR1@T`'s warning (sent here with scancel): task 0
+    requeues the job, and the next attempt resumes from the backup with the
+    uninterrupted job's weights, bitwise. Without the requeue (its switch
+    off, as stock TensorFlow) the signal ends the job, not requeued."""
+    whole = tmp_path / "uninterrupted"
+    whole.mkdir()
+    run(["srun", "-n", "2", engines.python(), SCRIPT, "backup"],
+        environment(slurm.environment(), ENGINE_DIR=str(whole), ENGINE_NO_PAUSE="1"))
+    uninterrupted = _weights(whole)
+
+    requeued = tmp_path / "requeued"
+    requeued.mkdir()
+    job_id = _backup_job(slurm, requeued)
+    subprocess.run(["scancel", "--signal=USR1", job_id], env=slurm.environment(),
+                   check=True, timeout=60)
+    slurm.wait_for(job_id, lambda s, j: s.job_field(j, "Restarts") == "1" and
+                   s.job_field(j, "JobState") == "PENDING", TIME_LIMIT)
+    # Slurm holds a requeued job for two minutes (BeginTime); start it now.
+    subprocess.run(["scontrol", "update", f"JobId={job_id}", "StartTime=now"],
+                   env=slurm.environment(), check=True, timeout=60)
+    slurm.wait_for(job_id, lambda s, j: s.job_field(j, "JobState") == "COMPLETED",
+                   TIME_LIMIT)
+    resumed = _weights(requeued)
+    assert [r["restarts"] for r in resumed] == [1, 1]
+    assert [r["weights"] for r in resumed] == [r["weights"] for r in uninterrupted]
+    log = (requeued / "slurm.out").read_text()
+    assert log.count("tfdtape: Slurm signalled the job's time limit (SIGUSR1); task 0 "
+                     "requeued it") == 1
+
+    control = tmp_path / "control"
+    control.mkdir()
+    job_id = _backup_job(slurm, control, TFDTAPE_SLURM_REQUEUE="0")
+    subprocess.run(["scancel", "--signal=USR1", job_id], env=slurm.environment(),
+                   check=True, timeout=60)
+    slurm.wait_for(job_id, lambda s, j: s.job_field(j, "JobState") in (
+        "FAILED", "COMPLETED", "CANCELLED"), TIME_LIMIT)
+    assert slurm.job_field(job_id, "JobState") == "FAILED"
+    assert slurm.job_field(job_id, "Restarts") == "0"

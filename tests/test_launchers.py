@@ -294,3 +294,37 @@ def test_info_names_the_job_it_found():
     assert len(jobs) == 1
     assert jobs[0].startswith("job: Slurm (srun): process 1 of 2 (local 1 of 2), workers vm:")
     assert jobs[0].endswith(" (job 77 step 0)")
+
+
+def test_slurm_requeue_is_armed_only_for_a_slurm_job_with_python_s_default(monkeypatch):
+    import signal
+
+    from tfdtape.launchers import slurm_requeue
+    monkeypatch.setattr(signal, "signal", lambda number, handler: armed.append(number))
+    armed = []
+    step = slurm_step(0)
+    job = launchers.find_job(step)
+    assert slurm_requeue.arm(job, step) is True and armed == [signal.SIGUSR1]
+    assert slurm_requeue.arm(job, {**step, "TFDTAPE_SLURM_REQUEUE": "0"}) is False
+    assert slurm_requeue.arm(launchers.find_job(open_mpi(0)), open_mpi(0)) is False
+    without_job_id = {key: value for key, value in step.items() if key != "SLURM_JOB_ID"}
+    assert slurm_requeue.arm(job, without_job_id) is False
+    monkeypatch.setattr(signal, "getsignal", lambda number: print)  # the program's own
+    assert slurm_requeue.arm(job, step) is False
+    assert armed == [signal.SIGUSR1]
+
+
+def test_slurm_requeue_handler_requeues_from_task_0_only(monkeypatch, capsys):
+    from tfdtape.launchers import slurm_requeue
+    calls = []
+    monkeypatch.setattr(subprocess, "run", lambda command, **_: calls.append(command) or
+                        types.SimpleNamespace(returncode=1, stderr="Requested operation is "
+                                              "presently disabled"))
+    slurm_requeue._requeue_handler(1, "77")(10, None)
+    assert calls == []
+    slurm_requeue._requeue_handler(0, "77")(10, None)
+    assert calls == [["scontrol", "requeue", "77"]]
+    assert capsys.readouterr().err == (
+        "tfdtape: Slurm signalled the job's time limit (SIGUSR1); task 0 could not "
+        "requeue it: Requested operation is presently disabled (submit with sbatch "
+        "--requeue)\n")

@@ -11,6 +11,7 @@ from tensorflow.python.eager import context
 from tensorflow.python.training import server_lib
 
 from tfdtape import launchers
+from tfdtape.launchers import slurm_requeue
 
 
 class LauncherClusterResolver(tfconfig_cluster_resolver.TFConfigClusterResolver):
@@ -31,10 +32,12 @@ def resolver_of(job):
     """TensorFlow's resolver of `job` (several processes): TF_CONFIG's own
     where TF_CONFIG describes it, else a LauncherClusterResolver. Makes the
     job's GPU for this process the only one visible first, while the
-    runtime has not started."""
+    runtime has not started, and arms Slurm's requeue on its time-limit
+    signal (`slurm_requeue`)."""
     if job.launcher in ("TF_CONFIG", "tfdtape launch"):
         return tfconfig_cluster_resolver.TFConfigClusterResolver()
     _show_only_the_jobs_gpus(job)
+    slurm_requeue.arm(job)
     return LauncherClusterResolver(job)
 
 
