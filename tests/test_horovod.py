@@ -1153,3 +1153,35 @@ def test_collectives_of_tensors_with_no_element_keep_the_job(tmp_path):
                              "unknown")]
     for rank in (0, 1):
         assert found[rank] == {"results": expected, "last": 3.0}
+
+
+def test_horovods_private_compute_gradients_and_pass_counter_alone(alone):
+    """What Horovod's own tf_keras tests call on its Keras DistributedOptimizer
+    (issue 51): `_compute_gradients` (a callable loss, or a tape's tensor),
+    whose result `apply_gradients` applies; `_agg_helper.counter`, the
+    passes accumulated since the last apply, and no helper for one pass."""
+    legacy = pytest.importorskip("tf_keras") if is_keras3(tf.keras) else tf.keras
+    import tfdtape.horovod.keras as hvd_keras
+    w = tf.Variable([1.0, 2.0])
+
+    def loss():
+        return tf.reduce_sum(w * tf.constant([3.0, 4.0]))
+
+    accumulating = hvd_keras.DistributedOptimizer(legacy.optimizers.SGD(1.0),
+                                                  backward_passes_per_step=2)
+    assert int(accumulating._agg_helper.counter) == 0
+    counts = []
+    for _ in range(2):
+        pairs = accumulating._compute_gradients(loss, [w])
+        assert [g.numpy().tolist() for g, _ in pairs] == [[3.0, 4.0]] and pairs[0][1] is w
+        accumulating.apply_gradients(pairs)
+        counts.append((int(accumulating._agg_helper.counter), w.numpy().tolist()))
+    assert counts == [(1, [1.0, 2.0]), (0, [-5.0, -6.0])]  # the sum of both passes
+
+    single = hvd_keras.DistributedOptimizer(legacy.optimizers.SGD(1.0))
+    assert single._agg_helper is None
+    with tf.GradientTape() as tape:
+        value = loss()
+    pairs = single._compute_gradients(value, [w], tape=tape)
+    single.apply_gradients(pairs)
+    assert w.numpy().tolist() == [-8.0, -10.0]

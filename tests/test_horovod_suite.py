@@ -34,18 +34,7 @@ NOT_PASSING = {
         "test_partial_distributed_gradient_tape": "Variable.ref(): Keras 3's variables "
                                                   "have none",
     },
-    "test_tensorflow2_keras.py": {
-        "test_gradient_aggregation_0": "the optimizer's private _compute_gradients",
-        "test_gradient_aggregation_1": "the optimizer's private _compute_gradients",
-        "test_gradient_aggregation_with_local_vars_0": "the optimizer's private "
-                                                       "_compute_gradients",
-        "test_gradient_aggregation_with_local_vars_1": "the optimizer's private "
-                                                       "_compute_gradients",
-        "test_grad_aggregation_with_inf_grad": "Horovod's private _agg_helper",
-        "test_sparse_as_dense_with_grad_aggregation": "the optimizer's private "
-                                                      "_compute_gradients",
-        "test_partial_distributed_optimizer": "the optimizer's private _compute_gradients",
-    },
+    "test_tensorflow2_keras.py": {},
     "test_tensorflow_process_sets.py, 3": {
         "test_horovod_reducescatter_grad_cpu_process_sets": "NumPy 2 compares the float16 "
                                                             "error, 0, with 1e-8 in float16",

@@ -128,7 +128,9 @@ def _distributed(optimizer, settings):
         aggregation = ("aggregate_gradients" if hasattr(optimizer, "aggregate_gradients")
                        else "_aggregate_gradients")
         methods = {"apply_gradients": _apply_gradients, aggregation: _aggregate(aggregation),
-                   "register_local_var": _register_local_var}
+                   "register_local_var": _register_local_var,
+                   "_compute_gradients": _compute_gradients,
+                   "_agg_helper": property(_aggregation_helper)}
     wrapped = wrapping.rewrapped(optimizer, methods)
     _settle(wrapped, settings)
     return wrapped
@@ -244,6 +246,52 @@ def _apply_gradients(self, grads_and_vars, *args, **kwargs):
             gradient is done for (gradient, _), done in zip(pairs, aggregated)):
         return apply_reduced(pairs)
     return _reduce_or_accumulate(self, pairs, apply_reduced)
+
+
+def _compute_gradients(self, loss, var_list, grad_loss=None, tape=None):
+    """Horovod's (tf_keras): the gradients of `loss` (a tensor `tape`
+    recorded, or a callable recorded here) for `var_list`, all-reduced as
+    the optimizer's settings say; `apply_gradients` of them applies them as
+    given. With backward_passes_per_step N > 1 this pass's own gradients:
+    `apply_gradients` accumulates them and all-reduces and applies the sum
+    of every N."""
+    tape = tf.GradientTape() if tape is None else tape
+    if callable(loss):
+        with tape:
+            if not callable(var_list):
+                tape.watch(var_list)
+            loss = loss()
+    variables = list(var_list() if callable(var_list) else var_list)
+    gradients = tape.gradient(loss, variables, output_gradients=grad_loss)
+    pairs = list(zip(gradients, variables))
+    settings = self._tfdtape_horovod
+    if settings["passes"] > 1:
+        return pairs
+    reduced = _reduced_pairs(self, pairs)
+    settings["aggregated"] = [gradient for gradient, _ in reduced]
+    return reduced
+
+
+class _PassCounter:
+    """Horovod's `_agg_helper` as its tests read it: `counter`, the passes
+    accumulated since the last apply."""
+
+    def __init__(self, settings):
+        self._settings = settings
+
+    @property
+    def counter(self):
+        done = self._settings.get("passes_done")
+        if done is None:
+            return tf.constant(0, tf.int64)
+        return tf.math.floormod(done.read_value(), self._settings["passes"])
+
+
+def _aggregation_helper(self):
+    """None with one backward pass per step, as Horovod's; else the count
+    of passes accumulated (`counter`)."""
+    settings = self._tfdtape_horovod
+    return None if settings["passes"] == 1 else _PassCounter(settings)
 
 
 def _aggregate(name):
