@@ -17,6 +17,9 @@ and prints one JSON object: its place in the job and the weights.
                       when epoch PAUSE_EPOCH begins and every task waits
                       there (for Slurm to end it); each task writes its
                       weights to $ENGINE_DIR/weights-TASK.json at the end
+        ray           the same training on 2 Ray Train workers (the driver
+                      here); worker 1 ends itself in the first attempt and
+                      Ray restarts the group once
 """
 
 import json
@@ -103,8 +106,25 @@ PAUSE_EPOCH = 2
 
 
 def backup():
+    """The Slurm form: task 0 marks the pause, every task waits there."""
     import time
+    first_attempt = not os.environ.get("SLURM_RESTART_COUNT") and not os.environ.get(
+        "ENGINE_NO_PAUSE")
 
+    def pause(task, directory):
+        if first_attempt:
+            if task == 0:
+                with open(os.path.join(directory, "paused"), "w") as marker:
+                    marker.write(str(PAUSE_EPOCH))
+            time.sleep(300)
+
+    return train_with_backup(pause, int(os.environ.get("SLURM_RESTART_COUNT") or 0))
+
+
+def train_with_backup(pause, restarts):
+    """MultiWorkerMirroredStrategy(), fit with BackupAndRestore in
+    $ENGINE_DIR/backup, `pause(task, directory)` as epoch PAUSE_EPOCH
+    begins; each task's weights written to $ENGINE_DIR/weights-TASK.json."""
     import tensorflow as tf
 
     import tfdtape  # noqa: F401
@@ -112,27 +132,54 @@ def backup():
     import keras
     directory = os.environ["ENGINE_DIR"]
     task = chosen.cluster_resolver.task_id
-    first_attempt = not os.environ.get("SLURM_RESTART_COUNT") and not os.environ.get(
-        "ENGINE_NO_PAUSE")
 
     class Pause(keras.callbacks.Callback):
         def on_epoch_begin(self, epoch, logs=None):
-            if first_attempt and epoch == PAUSE_EPOCH:
-                if task == 0:
-                    with open(os.path.join(directory, "paused"), "w") as marker:
-                        marker.write(str(epoch))
-                time.sleep(300)
+            if epoch == PAUSE_EPOCH:
+                pause(task, directory)
 
     with chosen.scope():
         built = model(keras)
     built.fit(global_batches(tf), epochs=EPOCHS, verbose=0, shuffle=False,
               callbacks=[keras.callbacks.BackupAndRestore(os.path.join(directory, "backup")),
                          Pause()])
-    result = {"task": task, "restarts": int(os.environ.get("SLURM_RESTART_COUNT") or 0),
-              "weights": weights(built)}
+    result = {"task": task, "restarts": restarts, "weights": weights(built)}
     with open(os.path.join(directory, f"weights-{task}.json"), "w") as written:
         json.dump(result, written)
     return result
+
+
+def ray_worker_loop():
+    """Ray Train's loop: in the first attempt (no $ENGINE_DIR/failed),
+    unless ENGINE_NO_PAUSE is set, worker 1 ends its process with
+    os._exit(1) as epoch PAUSE_EPOCH begins."""
+    directory = os.environ["ENGINE_DIR"]
+    failed = os.path.join(directory, "failed")
+    restarts = int(os.path.exists(failed))
+
+    def pause(task, _):
+        if task == 1 and not restarts and not os.environ.get("ENGINE_NO_PAUSE"):
+            with open(failed, "w") as marker:
+                marker.write(str(PAUSE_EPOCH))
+            os._exit(1)
+
+    train_with_backup(pause, restarts)
+
+
+def ray():
+    """Runs ray_worker_loop on 2 Ray Train workers, restarting the group
+    once (FailureConfig(max_failures=1))."""
+    import ray as ray_module
+    from ray.train import FailureConfig, RunConfig, ScalingConfig
+    from ray.train.tensorflow import TensorflowTrainer
+    ray_module.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    directory = os.environ["ENGINE_DIR"]
+    TensorflowTrainer(ray_worker_loop, scaling_config=ScalingConfig(num_workers=2),
+                      run_config=RunConfig(storage_path=os.path.join(directory, "ray"),
+                                           failure_config=FailureConfig(max_failures=1))
+                      ).fit()
+    ray_module.shutdown()
+    return {"done": True}
 
 
 def reference():
@@ -145,5 +192,5 @@ def reference():
 
 if __name__ == "__main__":
     MODES = {"horovod": horovod, "strategy": strategy, "distribution": distribution,
-             "reference": reference, "backup": backup}
+             "reference": reference, "backup": backup, "ray": ray}
     print(json.dumps(MODES[sys.argv[1]]()), flush=True)

@@ -6,7 +6,9 @@ from their Python wheels, each in a virtual environment of its own under
 ~/.cache/tfdtape-tests (their `mpiexec`s would overwrite each other in one).
 
 What is missing is installed once: Slurm with apt-get (as root, as CI runs),
-the MPI wheels with pip from the package index."""
+the MPI wheels and Ray Train with pip from the package index (Ray in a
+virtual environment of its own, run with this test run's packages first on
+its path)."""
 
 import getpass
 import os
@@ -36,6 +38,28 @@ def mpi_launcher(package):
         subprocess.run([str(home / "bin" / "python"), "-m", "pip", "install", "-q",
                         package], check=True, timeout=600)
     return str(program)
+
+
+def ray_environment():
+    """(the interpreter of a virtual environment holding Ray Train, made
+    once, and the environment that runs it with this run's TensorFlow and
+    tfdtape first on its path, on loopback only)."""
+    home = CACHE / "ray"
+    program = home / "bin" / "python"
+    if not (home / "ready").exists():
+        shutil.rmtree(home, ignore_errors=True)
+        venv.create(home, with_pip=True)
+        subprocess.run([str(program), "-m", "pip", "install", "-q", "ray[train]"],
+                       check=True, timeout=900)
+        (home / "ready").write_text("ray[train]\n")
+    ours = [path for path in sys.path if path.endswith("site-packages")]
+    tests = str(pathlib.Path(__file__).resolve().parent)
+    environment = dict(os.environ, RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0",
+                       PYTHONPATH=os.pathsep.join(ours + [str(ROOT), tests]))
+    return str(program), environment
+
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 
 class Slurm:

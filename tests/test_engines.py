@@ -186,3 +186,25 @@ def test_a_slurm_job_requeued_at_its_time_limit_resumes_bitwise(slurm, tmp_path)
         "FAILED", "COMPLETED", "CANCELLED"), TIME_LIMIT)
     assert slurm.job_field(job_id, "JobState") == "FAILED"
     assert slurm.job_field(job_id, "Restarts") == "0"
+
+
+def test_ray_train_restarting_a_failed_worker_resumes_bitwise(tmp_path):
+    """Ray Train's TensorflowTrainer (it writes TF_CONFIG) with
+    FailureConfig(max_failures=1): worker 1 ends itself as epoch 3 begins,
+    Ray restarts both workers, and they resume from BackupAndRestore with
+    the uninterrupted job's weights, bitwise (the uninterrupted job: the
+    same training on 2 processes of TF_CONFIG's)."""
+    whole = tmp_path / "uninterrupted"
+    whole.mkdir()
+    loopback.run_processes(loopback.worker_configs(2), [SCRIPT, "backup"], TIME_LIMIT,
+                           env={"ENGINE_DIR": str(whole), "ENGINE_NO_PAUSE": "1"})
+    python, ray_environment = engines.ray_environment()
+    restarted = tmp_path / "restarted"
+    restarted.mkdir()
+    found, _ = run([python, SCRIPT, "ray"],
+                   environment(ray_environment, ENGINE_DIR=str(restarted)))
+    assert found == [{"done": True}]
+    assert (restarted / "failed").exists()
+    resumed = _weights(restarted)
+    assert [r["restarts"] for r in resumed] == [1, 1]
+    assert [r["weights"] for r in resumed] == [r["weights"] for r in _weights(whole)]
