@@ -170,7 +170,9 @@ def ray():
     """Runs ray_worker_loop on 2 Ray Train workers, restarting the group
     once (FailureConfig(max_failures=1))."""
     import ray as ray_module
-    from ray.train import FailureConfig, RunConfig, ScalingConfig
+    from ray.train import FailureConfig
+    from ray.train import RunConfig
+    from ray.train import ScalingConfig
     from ray.train.tensorflow import TensorflowTrainer
     ray_module.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     directory = os.environ["ENGINE_DIR"]
