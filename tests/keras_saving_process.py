@@ -9,13 +9,17 @@ job writes (every worker the same paths, unless --backup-per-rank), and
                          ends as batch 1 of epoch EPOCH begins (HOW: exit,
                          os._exit(3); kill, SIGKILL), or, with HOW write,
                          while writing the backup at the end of epoch EPOCH
-                         (a partial file, then os._exit(3))
+                         (a partial file, then os._exit(3)), or, with HOW
+                         after, once the job has saved its final files
+                         (os._exit(3))
   --per-rank             each worker writes under DIRECTORY/rank-RANK (as on
                          disks of their own)
   --legacy               tf_keras (its own callbacks), no export; the chief
                          alone saves at the end (TensorFlow's tutorial)
   --stock-saving         Keras's own saving functions and callbacks put back
                          (tfdtape's keras3_saving off: the control)
+  --forget-finished      keep no copy of an ended fit's backup for a restarted
+                         attempt (keras3_finished_training off: the control)
 
 Callbacks: BackupAndRestore(DIRECTORY/backup), ModelCheckpoint
 (DIRECTORY/ckpt-{epoch:02d}.weights.h5, weights only) and ModelCheckpoint
@@ -94,7 +98,7 @@ def callbacks_of(keras, directory, fault, epochs_run):
             epoch_now["epoch"] = epoch
 
         def on_train_batch_begin(self, batch, logs=None):
-            if (fault.armed and fault.how != "write" and batch == 1
+            if (fault.armed and fault.how in ("exit", "kill") and batch == 1
                     and epoch_now["epoch"] == fault.epoch):
                 fault.end()
 
@@ -141,10 +145,14 @@ def main():
     parser.add_argument("--per-rank", action="store_true")
     parser.add_argument("--legacy", action="store_true")
     parser.add_argument("--stock-saving", action="store_true")
+    parser.add_argument("--forget-finished", action="store_true")
     arguments = parser.parse_args()
     keras = tf.keras
     if arguments.stock_saving:
         stock_saving()
+    if arguments.forget_finished:
+        from tfdtape import keras3_finished_training
+        keras3_finished_training.remember = lambda callback: None
     rank, strategy = 0, tf.distribute.get_strategy()
     if "TF_CONFIG" in os.environ:
         rank = json.loads(os.environ["TF_CONFIG"])["task"]["index"]
@@ -167,6 +175,8 @@ def main():
         shutil.rmtree(directory)
     if not arguments.legacy:
         model.export(os.path.join(directory, "exported"), verbose=False)
+    if fault.armed and fault.how == "after":
+        fault.end()
     optimizer_variables = model.optimizer.variables
     if callable(optimizer_variables):  # tf_keras
         optimizer_variables = optimizer_variables()

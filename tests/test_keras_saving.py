@@ -157,6 +157,28 @@ def test_max_restarts_resumes_a_chief_killed_mid_epoch(tmp_path, tmp_path_factor
 
 @keras3_only
 @pytest.mark.cluster
+def test_a_job_restarted_after_its_fit_ended_does_not_train_again(
+        tmp_path, tmp_path_factory):
+    """Issue 51: a process that dies after `fit` (and the saves) ended gets
+    the launch restarted; the new attempt resumes at the ended fit's end:
+    no epoch trained again, the uninterrupted job's weights, nothing left
+    of the backup. The control (no copy kept) trains all 4 epochs again."""
+    _, expected = uninterrupted(tmp_path_factory)
+    directory = tmp_path / "job"
+    directory.mkdir()
+    job = launch(directory, "--die", "0:0:after", restarts=1)
+    assert "tfdtape launch: rank 0 exited with status 3;" in job.stderr, job.stderr
+    assert "trains no epoch again" in job.stderr
+    assert_finished_like(job, expected.ranks[0], [])
+    assert_nothing_left(directory)
+    control = tmp_path / "control"
+    control.mkdir()
+    job = launch(control, "--die", "0:0:after", "--forget-finished", restarts=1)
+    assert_finished_like(job, expected.ranks[0], [0, 1, 2, 3])
+
+
+@keras3_only
+@pytest.mark.cluster
 def test_a_chief_killed_while_writing_resumes_from_the_last_whole_backup(
         tmp_path, tmp_path_factory):
     _, expected = uninterrupted(tmp_path_factory)

@@ -50,6 +50,7 @@ from tensorflow.python.lib.io import file_io
 
 from tfdtape import errors
 from tfdtape import events
+from tfdtape import keras3_finished_training
 from tfdtape import process_job
 from tfdtape import worker_broadcast
 from tfdtape import workers
@@ -384,10 +385,16 @@ def make_backup_on_train_begin(original):
     def on_train_begin(self, logs=None):
         """Keras's restore at the start of `fit`; on several workers from
         the chief's backup files, which every worker receives through the
-        job's collectives and restores from a private copy."""
+        job's collectives and restores from a private copy. In a restarted
+        attempt of `tfdtape launch` whose `fit` had ended, from the copy
+        kept then (`keras3_finished_training`)."""
         role = role_of(self.model)
         if role is None or role.strategy is None:
+            if role is None:
+                keras3_finished_training.restore(self)
             return original(self, logs)
+        if role.chief:
+            keras3_finished_training.restore(self)
         contents, failure = (_chief_backup(self) if role.chief
                              else ([None] * len(_BACKUP_FILES), None))
         received = worker_broadcast.from_chief(
@@ -472,10 +479,13 @@ def make_backup_on_train_end(original):
     @functools.wraps(original)
     def on_train_end(self, logs=None):
         """Keras's deletion of the backup at the end of `fit`; on several
-        workers the chief's only."""
+        workers the chief's only, under `tfdtape launch` after a copy is
+        kept for a restarted attempt (`keras3_finished_training`)."""
         role = role_of(self.model)
         if role is not None and not role.chief:
             return None
+        if self.delete_checkpoint and (role is None or role.strategy is not None):
+            keras3_finished_training.remember(self)
         return original(self, logs)
 
     return on_train_end

@@ -58,6 +58,7 @@ import threading
 import time
 
 from tfdtape.cli import command_line
+from tfdtape.launchers import tf_config
 
 DEFAULT_PORT = 29500
 LOCAL_NAMES = ("localhost", "127.0.0.1")
@@ -273,9 +274,9 @@ def gpus_here():
         line for line in listed.splitlines() if line.startswith("GPU "))]
 
 
-RESTART_COUNT_NAMES = ("TFDTAPE_RESTART_COUNT", "TORCHELASTIC_RESTART_COUNT")
+RESTART_COUNT_NAMES = (tf_config.RESTART_COUNT, "TORCHELASTIC_RESTART_COUNT")
 """Where a process finds which attempt of the job it belongs to (0 first)."""
-LAUNCH_DIRECTORY = "TFDTAPE_LAUNCH_DIR"
+LAUNCH_DIRECTORY = tf_config.LAUNCH_DIRECTORY
 """A directory every attempt of the launch shares."""
 
 

@@ -28,10 +28,11 @@ import numpy as np
 from tfdtape import errors
 from tfdtape.horovod import basics
 from tfdtape.horovod import ops
+from tfdtape.launchers import tf_config
 
-DIRECTORY_VARIABLE = "TFDTAPE_LAUNCH_DIR"
+DIRECTORY_VARIABLE = tf_config.LAUNCH_DIRECTORY
 """The directory every attempt of a launch shares, where commits live."""
-RESTART_VARIABLE = "TFDTAPE_RESTART_COUNT"
+RESTART_VARIABLE = tf_config.RESTART_COUNT
 _numbering = itertools.count()
 
 

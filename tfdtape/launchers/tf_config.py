@@ -12,6 +12,11 @@ from tfdtape.launchers import job as job_lib
 TRAINING_TASKS = ("chief", "worker")
 """TF_CONFIG's task types that train, in rank order."""
 
+LAUNCH_DIRECTORY = "TFDTAPE_LAUNCH_DIR"
+"""`tfdtape launch`'s directory, which every attempt of a launch shares."""
+RESTART_COUNT = "TFDTAPE_RESTART_COUNT"
+"""`tfdtape launch`'s attempt of the job (0 first)."""
+
 
 def read(environ):
     """The LauncherJob TF_CONFIG gives this process; None without TF_CONFIG,
