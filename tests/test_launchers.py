@@ -8,6 +8,7 @@ against stock TensorFlow (the control: a job of one per process)."""
 
 import json
 import os
+import socket
 import subprocess
 import sys
 import types
@@ -28,7 +29,8 @@ ENGINE_PROCESS = str(loopback.TESTS / "engine_process.py")
 def slurm_step(rank, nodes="node[01-02]", per_node="2(x2)", size=4, **more):
     """The variables srun gives task `rank` of a block-distributed step."""
     counts = slurm.expand_counts(per_node)
-    node, local = slurm.task_places(counts, more.get("SLURM_DISTRIBUTION", "block"))[rank]
+    kind = more.get("SLURM_DISTRIBUTION", "block").replace(",", ":").split(":")[0]
+    node, local = slurm.task_places(counts, kind)[rank]
     return {"SLURM_STEP_NUM_TASKS": str(size), "SLURM_NTASKS": str(size),
             "SLURM_PROCID": str(rank), "SLURM_STEP_NODELIST": nodes,
             "SLURM_STEP_TASKS_PER_NODE": per_node, "SLURM_NODEID": str(node),
@@ -61,8 +63,9 @@ def test_tf_config_chief_is_rank_0_and_workers_follow():
 
 def test_tf_config_evaluator_does_not_train():
     cluster = {"chief": ["a:1"], "worker": ["b:2"], "evaluator": ["d:4"]}
-    found = launchers.find_job(tf_config(cluster, "evaluator", 0))
-    assert (found.task_type, found.size, found.addresses) == ("evaluator", 1, ())
+    for tasks in (cluster, {"evaluator": ["d:4"]}):
+        found = launchers.find_job(tf_config(tasks, "evaluator", 0))
+        assert (found.task_type, found.size, found.addresses) == ("evaluator", 1, ())
 
 
 def test_tf_config_of_tfdtape_launch_keeps_the_launchers_local_ranks():
@@ -140,7 +143,7 @@ def test_slurm_layout_that_cannot_be_read_is_refused_naming_the_switch():
         launchers.find_job(slurm_step(0, SLURM_DISTRIBUTION="plane=2"))
     assert str(caught.value).startswith(
         "tfdtape: Slurm (srun) started several processes and they cannot be made "
-        "one job (Slurm (srun)): expected tasks distributed block or cyclic over the "
+        "one job (tfdtape.launchers.find_job): expected tasks distributed block or cyclic over the "
         "nodes, found SLURM_DISTRIBUTION=plane=2 in TensorFlow ")
     assert str(caught.value).endswith(
         "Start the job with srun --distribution=block (the default); if each process "
@@ -152,6 +155,27 @@ def test_slurm_layout_that_cannot_be_read_is_refused_naming_the_switch():
         launchers.find_job(slurm_step(0, per_node="3"))
 
 
+def test_slurm_distribution_options_and_ranks_out_of_range():
+    packed = launchers.find_job(slurm_step(1, SLURM_DISTRIBUTION="block,pack"))
+    assert (packed.rank, packed.local_rank) == (1, 1)
+    cyclic = launchers.find_job(slurm_step(1, per_node="2,1", size=3,
+                                           SLURM_DISTRIBUTION="cyclic:block,nopack"))
+    assert cyclic.addresses[1].startswith("node02:")
+    for rank in ("4", "-1"):
+        with pytest.raises(job_lib.JobFormationError, match=(
+                f"expected SLURM_PROCID between 0 and 3 .SLURM_STEP_NUM_TASKS=4., found "
+                f"SLURM_PROCID={rank} ")):
+            launchers.find_job({**slurm_step(1), "SLURM_PROCID": rank})
+    with pytest.raises(job_lib.JobFormationError, match=(
+            "expected SLURM_PROCID an integer, found SLURM_PROCID='one' in TensorFlow .*"
+            "Leave SLURM_PROCID as Slurm .srun. sets it")):
+        launchers.find_job({**slurm_step(1), "SLURM_PROCID": "one"})
+    with pytest.raises(job_lib.JobFormationError, match="expected TFDTAPE_LOCAL_RANK an "
+                       "integer, found TFDTAPE_LOCAL_RANK='x'"):
+        launchers.find_job({**tf_config({"worker": ["h:1", "h:2"]}, "worker", 1),
+                            "TFDTAPE_LOCAL_RANK": "x"})
+
+
 def test_slurm_gpus_one_per_task():
     four = {"CUDA_VISIBLE_DEVICES": "0,1,2,3"}
     assert launchers.find_job(slurm_step(3, **four)).gpus == ("1",)
@@ -159,7 +183,10 @@ def test_slurm_gpus_one_per_task():
     assert launchers.find_job(slurm_step(1, CUDA_VISIBLE_DEVICES="6")).gpus == ("6",)
     with pytest.raises(job_lib.JobFormationError, match=r"expected a GPU for each of "
                        r"the node's 2 tasks, found SLURM_STEP_GPUS=0"):
-        slurm.task_gpus({"SLURM_STEP_GPUS": "0,", "CUDA_VISIBLE_DEVICES": ""}, 1, 2)
+        slurm.task_gpus({"SLURM_STEP_GPUS": "0,"}, 1, 2)
+    for hidden in ("", "-1"):  # the task's own choice: no GPU
+        assert slurm.task_gpus({"SLURM_STEP_GPUS": "0,1", "CUDA_VISIBLE_DEVICES": hidden},
+                               1, 2) is None
     with pytest.raises(job_lib.JobFormationError, match="srun --gpus-per-task=1"):
         slurm.task_gpus({"SLURM_STEP_GPUS": "0,1"}, 2, 3)
 
@@ -188,7 +215,7 @@ def test_mpi_on_several_hosts_without_mpi4py_is_refused(monkeypatch):
         launchers.find_job(open_mpi(1, size=4, local_size=2))
     assert str(caught.value).startswith(
         "tfdtape: Open MPI (mpirun) started several processes and they cannot be made "
-        "one job (Open MPI (mpirun)): expected mpi4py, to exchange the processes' "
+        "one job (tfdtape.launchers.find_job): expected mpi4py, to exchange the processes' "
         "addresses (they run on several hosts and the launcher names none), found no "
         "module mpi4py in TensorFlow ")
     assert 'Install MPI\'s Python binding: pip install "tfdtape[mpi]"; if each' in str(
@@ -328,3 +355,45 @@ def test_slurm_requeue_handler_requeues_from_task_0_only(monkeypatch, capsys):
         "tfdtape: Slurm signalled the job's time limit (SIGUSR1); task 0 could not "
         "requeue it: Requested operation is presently disabled (submit with sbatch "
         "--requeue)\n")
+
+
+def _one_task_of_a_step(code, environ):
+    """Runs `code` as the task `environ` (a Slurm step's variables) names
+    (the step's other task is never started: the refusals come before any
+    waiting)."""
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120, env={**{key: value for key, value in os.environ.items()
+                                               if key != "TF_CONFIG"}, **environ,
+                                            "TF_CPP_MIN_LOG_LEVEL": "3"})
+
+
+def test_a_derived_port_another_program_holds_is_named():
+    environ = slurm_step(1, nodes="localhost", per_node="2", size=2, SLURM_JOB_ID="4242")
+    port = int(launchers.find_job(environ).addresses[1].rsplit(":", 1)[1])
+    with socket.socket() as holder:
+        holder.bind(("", port))
+        holder.listen()
+        completed = _one_task_of_a_step(
+            "import tensorflow as tf, tfdtape\ntf.distribute.MultiWorkerMirroredStrategy()",
+            environ)
+    last = completed.stderr.strip().splitlines()[-1]
+    assert last.startswith(
+        "tfdtape.launchers.job.JobFormationError: tfdtape: Slurm (srun) started several "
+        "processes and they cannot be made one job (tfdtape.launchers.find_job): expected "
+        f"port {port} free on this host for process 1 (job 4242 step 0), found it taken "
+        "(Address already in use) in TensorFlow "), last
+    assert "srun --kill-on-bad-exit=1 ends them at once" in last
+
+
+def test_the_strategy_after_tensorflows_runtime_started_says_why():
+    completed = _one_task_of_a_step(
+        "import tensorflow as tf, tfdtape\ntf.constant(1.0) + 1\n"
+        "tf.distribute.MultiWorkerMirroredStrategy()",
+        slurm_step(0, nodes="localhost", per_node="2", size=2, SLURM_JOB_ID="4243"))
+    last = completed.stderr.strip().splitlines()[-1]
+    assert last.startswith(
+        "RuntimeError: tfdtape: MultiWorkerMirroredStrategy() in a job of 2 processes "
+        "Slurm (srun) started, after TensorFlow's runtime started "
+        "(tf.distribute.MultiWorkerMirroredStrategy): expected the strategy created "
+        "before any TensorFlow operation"), last
+    assert last.endswith("set TFDTAPE_INDEPENDENT_PROCESSES=1."), last

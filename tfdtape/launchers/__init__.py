@@ -17,6 +17,7 @@ import os
 
 from tfdtape import errors
 from tfdtape import switches
+from tfdtape.launchers import job as job_lib
 from tfdtape.launchers import mpich
 from tfdtape.launchers import open_mpi
 from tfdtape.launchers import slurm
@@ -51,7 +52,7 @@ def find_job(environ=None):
         if independent and configured.size > 1:
             raise JobFormationError(errors.message(
                 "separate jobs asked for where TF_CONFIG names one job",
-                switches.INDEPENDENT_PROCESSES, "no TF_CONFIG of several processes",
+                job_lib.SYMBOL, "no TF_CONFIG of several processes",
                 f"TF_CONFIG naming {configured.size} processes",
                 f"Unset {switches.INDEPENDENT_PROCESSES}, or TF_CONFIG"))
         return configured

@@ -8,10 +8,14 @@ import zlib
 from tfdtape import errors
 from tfdtape import switches
 
-PORT_RANGE = (20000, 60000)
-"""Where ports derived from a launcher's job id fall (below Linux's
-ephemeral range, which starts at 32768 by default, only in part: a derived
-port is checked free when the process binds it)."""
+PORT_RANGE = (20000, 32768)
+"""Where ports derived from a launcher's job id fall: below Linux's
+ephemeral range (32768 and up by default), where the kernel does not hand
+out ports of outgoing connections. Each process checks its own port free
+before TensorFlow's server binds it (`tensorflow_job`)."""
+
+SYMBOL = "tfdtape.launchers.find_job"
+"""The symbol tfdtape's messages about a launcher's job name."""
 
 
 class JobFormationError(RuntimeError):
@@ -68,7 +72,7 @@ def refusal(launcher, expected, found, remedy):
     jobs."""
     return JobFormationError(errors.message(
         f"{launcher} started several processes and they cannot be made one job",
-        launcher, expected, found,
+        SYMBOL, expected, found,
         f"{remedy.rstrip('.')}; if each process is meant to be a job of its own "
         f"(a sweep), set {switches.INDEPENDENT_PROCESSES}=1"))
 
@@ -92,5 +96,5 @@ def integer(environ, name, launcher):
     try:
         return int(raw)
     except ValueError:
-        raise refusal(launcher, f"{name} an integer", repr(raw),
-                      f"Start the job with {launcher} as it documents") from None
+        raise refusal(launcher, f"{name} an integer", f"{name}={raw!r}",
+                      f"Leave {name} as {launcher} sets it") from None

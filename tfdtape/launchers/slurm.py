@@ -30,7 +30,7 @@ def read(environ):
     rank = job_lib.integer(environ, "SLURM_PROCID", LAUNCHER)
     nodes = expand_hostlist(environ.get("SLURM_STEP_NODELIST", ""))
     counts = expand_counts(environ.get("SLURM_STEP_TASKS_PER_NODE", ""))
-    distribution = (environ.get("SLURM_DISTRIBUTION") or "block").split(":")[0]
+    distribution = re.split(r"[:,]", environ.get("SLURM_DISTRIBUTION") or "block")[0]
     if len(nodes) != len(counts) or sum(counts) != size or not nodes:
         raise job_lib.refusal(
             LAUNCHER, "SLURM_STEP_NODELIST and SLURM_STEP_TASKS_PER_NODE naming "
@@ -41,6 +41,10 @@ def read(environ):
             LAUNCHER, "tasks distributed block or cyclic over the nodes",
             f"SLURM_DISTRIBUTION={environ['SLURM_DISTRIBUTION']}",
             "Start the job with srun --distribution=block (the default)")
+    if not 0 <= rank < size:
+        raise job_lib.refusal(
+            LAUNCHER, f"SLURM_PROCID between 0 and {size - 1} (SLURM_STEP_NUM_TASKS={size})",
+            f"SLURM_PROCID={rank}", "Start each task with srun, which sets SLURM_PROCID")
     places = task_places(counts, distribution)
     node, local = places[rank]
     found = (job_lib.integer(environ, "SLURM_NODEID", LAUNCHER),
@@ -80,11 +84,14 @@ def task_gpus(environ, local_rank, local_size):
     """The GPUs this task should see, CUDA_VISIBLE_DEVICES' form: the one
     Slurm bound to it, or its local rank's of the step's GPUs on the node
     (CUDA_VISIBLE_DEVICES, else SLURM_STEP_GPUS); None where Slurm names
-    no GPU (a CPU node).
+    no GPU (a CPU node) or CUDA_VISIBLE_DEVICES hides every GPU ("" or
+    "-1": the task's own choice, kept).
 
     Raises:
         JobFormationError: fewer GPUs on the node than tasks.
     """
+    if environ.get("CUDA_VISIBLE_DEVICES", "unset").strip() in ("", "-1"):
+        return None
     for name in ("CUDA_VISIBLE_DEVICES", "SLURM_STEP_GPUS"):
         listed = [item.strip() for item in environ.get(name, "").split(",") if item.strip()]
         if listed and listed != ["-1"]:

@@ -5,12 +5,16 @@ module of `tfdtape.launchers` that imports TensorFlow."""
 
 import functools
 import os
+import socket
 
 from tensorflow.python.distribute.cluster_resolver import tfconfig_cluster_resolver
 from tensorflow.python.eager import context
 from tensorflow.python.training import server_lib
 
+from tfdtape import errors
 from tfdtape import launchers
+from tfdtape import switches
+from tfdtape.launchers import job as job_lib
 from tfdtape.launchers import slurm_requeue
 
 
@@ -36,9 +40,35 @@ def resolver_of(job):
     signal (`slurm_requeue`)."""
     if job.launcher in ("TF_CONFIG", "tfdtape launch"):
         return tfconfig_cluster_resolver.TFConfigClusterResolver()
+    if not _runtime_started():  # else its server is up already, or it fails below
+        _check_port_free(job)
     _show_only_the_jobs_gpus(job)
     slurm_requeue.arm(job)
     return LauncherClusterResolver(job)
+
+
+def _runtime_started():
+    return context.context()._context_handle is not None
+
+
+def _check_port_free(job):
+    """Refuses a derived port another program holds on this host (its
+    TensorFlow server would fail to start with a message naming no port).
+
+    Raises:
+        JobFormationError: the port is taken.
+    """
+    port = int(job.addresses[job.rank].rsplit(":", 1)[1])
+    with socket.socket() as probe:
+        try:
+            probe.bind(("", port))
+        except OSError as error:
+            raise job_lib.refusal(
+                job.launcher, f"port {port} free on this host for process {job.rank} "
+                f"({job.origin})", f"it taken ({error.strerror})",
+                "Start the job again: another job id gives other ports (the job's "
+                "other processes wait for this one until the launcher ends them: "
+                "srun --kill-on-bad-exit=1 ends them at once)") from None
 
 
 def _show_only_the_jobs_gpus(job):
@@ -60,10 +90,22 @@ def make_strategy_init(original):
         TF_CONFIG, in a process that Slurm's srun or MPI's mpirun started
         with others, the strategy spans every process of that launch
         (`tfdtape.launchers.find_job`), as TF_CONFIG would make it; where
-        they cannot be one job, JobFormationError on every process."""
+        they cannot be one job, JobFormationError on every process; after
+        TensorFlow's runtime started (too late to join them), RuntimeError
+        naming the launch."""
         if cluster_resolver is None and not os.environ.get("TF_CONFIG"):
             found = launchers.find_job()
             if found is not None and found.size > 1:
+                if _runtime_started():
+                    raise RuntimeError(errors.message(
+                        f"MultiWorkerMirroredStrategy() in a job of {found.size} "
+                        f"processes {found.launcher} started, after TensorFlow's "
+                        "runtime started", "tf.distribute.MultiWorkerMirroredStrategy",
+                        "the strategy created before any TensorFlow operation (its "
+                        "collectives are set up when the runtime starts)",
+                        "TensorFlow's runtime running", "Create the strategy first "
+                        "thing in the program; if each process is meant to be a job "
+                        f"of its own, set {switches.INDEPENDENT_PROCESSES}=1"))
                 cluster_resolver = resolver_of(found)
         original(self, cluster_resolver, communication_options)
 

@@ -40,13 +40,13 @@ def read(environ):
         raise ValueError(_unreadable(raw, error)) from None
     if tasks.get("ps"):
         return None
-    addresses = [address for name in TRAINING_TASKS for address in tasks.get(name, [])]
-    if len(addresses) < 2:
-        return None
     launcher = "tfdtape launch" if "TFDTAPE_RANK" in environ else "TF_CONFIG"
     if task_type == "evaluator":
         return job_lib.LauncherJob(launcher, 0, 1, 0, 1, (), "evaluator", task_index,
                                    origin="TF_CONFIG's evaluator: not a training process")
+    addresses = [address for name in TRAINING_TASKS for address in tasks.get(name, [])]
+    if len(addresses) < 2:
+        return None
     if task_type not in TRAINING_TASKS or not 0 <= task_index < len(tasks.get(task_type, [])):
         raise ValueError(_unreadable(raw, f"task {task_type}:{task_index} is not in "
                                           "its cluster's chief or workers"))
@@ -66,7 +66,7 @@ def _launcher_int(environ, name, default):
     else `default`."""
     for prefix in ("TFDTAPE_", "HOROVOD_"):
         if prefix + name in environ:
-            return int(environ[prefix + name])
+            return job_lib.integer(environ, prefix + name, "tfdtape launch")
     return default
 
 
