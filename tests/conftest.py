@@ -33,6 +33,11 @@ def pytest_addoption(parser):
     parser.addoption("--fuzz-cases", type=int, default=None,
                      help="generated programs per device layout "
                      "(tests/test_generated_programs.py; default CI's)")
+    parser.addoption("--horovod-seed", type=int, default=None,
+                     help="the generated Horovod programs' seed "
+                     "(tests/test_generated_horovod.py; default CI's)")
+    parser.addoption("--horovod-cases", type=int, default=None,
+                     help="generated Horovod cases per launch (default CI's)")
     parser.addoption("--fuzz-seed", type=int, default=None,
                      help="the generated programs' seed (default CI's)")
     parser.addoption("--per-release", action="store_true",

@@ -1140,19 +1140,26 @@ def test_sync_batch_normalization_is_one_device_s_on_the_global_batch(keras):
 
 
 @pytest.mark.cluster
-def test_collectives_of_tensors_with_no_element_keep_the_job(tmp_path):
+def test_tensors_tensorflows_collectives_do_not_take_keep_the_job(tmp_path):
     """Issue 51: an all-reduce of a tensor made from an empty NumPy array
     ended a process with SIGSEGV in TensorFlow's collective (2.21), and the
-    launcher stopped the job."""
-    completed = launch(2, "empty_tensors.py")
+    launcher stopped the job; bfloat16 gathered, broadcast or exchanged
+    raised TensorFlow's 'not in the list of allowed values' (found by the
+    generated programs)."""
+    completed = launch(2, "unusual_tensors.py")
     assert completed.returncode == 0, completed.stderr[-3000:]
     found = outputs(completed)
     expected = [[name, dtype, [0, 3], dtype]
                 for dtype in ("float16", "float32", "float64", "int32", "int64")
                 for name in ("allreduce", "average", "allgather", "broadcast", "traced",
                              "unknown")]
+    gathered = [[0.5, -1.25], [1.5, -1.25], [1.5, -1.25]]
     for rank in (0, 1):
-        assert found[rank] == {"results": expected, "last": 3.0}
+        assert found[rank]["results"] == expected and found[rank]["last"] == 3.0
+        assert found[rank]["bfloat16"] == {
+            "allgather": ["bfloat16", gathered], "traced": ["bfloat16", gathered],
+            "broadcast": ["bfloat16", [[1.5, -1.25]]],
+            "alltoall": ["bfloat16", [[0.5, -1.25], [1.5, -1.25]]]}
 
 
 def test_horovods_private_compute_gradients_and_pass_counter_alone(alone):

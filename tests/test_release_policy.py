@@ -235,8 +235,9 @@ def test_info_reports_an_untested_release(tmp_path):
         f"TensorFlow {NIGHTLY} is untested (a development build, newer than "
         f"the tested range; tested: final releases >=2.12,<2.22): install() "
         f"refuses it unless {OPT_IN}=1 (not set)")
-    assert lines[6].startswith("install check: FAILED: tfdtape: untested "
+    assert lines[7].startswith("install check: FAILED: tfdtape: untested "
                                "TensorFlow release")
+    assert lines[5].startswith("job: this process alone")  # after the resolvers
     opted_in = python(["-m", "tfdtape", "info"],
                       dict(environment, **{OPT_IN: "1"}))
     assert opted_in.stdout.splitlines()[2].endswith(f"{OPT_IN}=1 (set)")

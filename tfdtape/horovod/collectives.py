@@ -123,9 +123,12 @@ def rank():
     return group().rank
 
 
-def sendable(tensor, symbol):
+def sendable(tensor, symbol, reduced=False):
     """(`tensor` as a dtype the collectives carry, the function that casts
-    a result back to `tensor`'s dtype).
+    a result back to `tensor`'s dtype). A bfloat16 tensor that is only
+    moved (gathered, broadcast, exchanged: TensorFlow's collectives other
+    than the all-reduce do not take bfloat16) travels as float32, which
+    holds every bfloat16 value exactly; one `reduced` is reduced as it is.
 
     Raises:
         ValueError: a string, resource or variant tensor.
@@ -137,6 +140,8 @@ def sendable(tensor, symbol):
             "a numeric or bool tensor", dtype.name, "send it as numbers"))
     if dtype in _WIDENED:
         return tf.cast(tensor, tf.int32), lambda result: tf.cast(result, dtype)
+    if dtype == tf.bfloat16 and not reduced:
+        return tf.cast(tensor, tf.float32), lambda result: tf.cast(result, dtype)
     return tensor, lambda result: result
 
 

@@ -155,7 +155,7 @@ def reduce_dense(tensor, op, prescale_factor, postscale_factor, compression, sym
     def reduce_one(value):
         value = _scaled(value, prescale_factor)
         compressed, context = compression.compress(value)
-        sendable, restore = collectives.sendable(compressed, symbol)
+        sendable, restore = collectives.sendable(compressed, symbol, reduced=True)
         result = compression.decompress(
             restore(collectives.all_reduce(sendable, op)), context)
         if op == Average and result.dtype.is_integer:

@@ -1,7 +1,10 @@
-"""Collectives of tensors with no element (a last batch with no rows), made
-from empty NumPy arrays, in every dtype Horovod reduces, eagerly and in a
-tf.function, then one collective with elements (the job still in step).
-Prints one JSON object: each result's shape and dtype, and the last sum."""
+"""Tensors TensorFlow's collectives do not take as they are: tensors with
+no element (a last batch with no rows), made from empty NumPy arrays, in
+every dtype Horovod reduces, eagerly and in a tf.function; bfloat16
+gathered, broadcast and exchanged (TensorFlow's gather, broadcast and
+all-to-all refuse the dtype); then one collective with elements (the job
+still in step). Prints one JSON object: each result's shape and dtype, the
+bfloat16 results' values, and the last sum."""
 
 import json
 
@@ -24,5 +27,11 @@ for dtype in (np.float16, np.float32, np.float64, np.int32, np.int64):
                          ("traced", traced(empty)), ("unknown", unknown(empty))):
         found.append([name, np.dtype(dtype).name, result.shape.as_list(),
                       result.dtype.name])
+mine = tf.constant([[hvd.rank() + 0.5, -1.25]] * (hvd.rank() + 1), tf.bfloat16)
+moved = {"allgather": hvd.allgather(mine), "broadcast": hvd.broadcast(mine[:1], root_rank=1),
+         "alltoall": hvd.alltoall(tf.concat([mine[:1]] * hvd.size(), 0)),
+         "traced": tf.function(hvd.allgather)(mine)}
+bfloat16 = {name: [result.dtype.name, np.asarray(result, np.float32).tolist()]
+            for name, result in moved.items()}
 last = hvd.allreduce(tf.constant([float(hvd.rank() + 1)]), op=hvd.Sum)
-print(json.dumps({"results": found, "last": float(last.numpy()[0])}))
+print(json.dumps({"results": found, "bfloat16": bfloat16, "last": float(last.numpy()[0])}))

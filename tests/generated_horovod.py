@@ -1,0 +1,270 @@
+"""Generated Horovod programs and their oracle: plain NumPy, knowing nothing
+of tfdtape (tests/test_generated_horovod.py).
+
+A seed draws a list of cases; each is one call of a collective of Horovod's
+API (every collective and grouped collective, every reduction, float16,
+bfloat16, float32, float64, int32, int64 and bool where Horovod takes it,
+scalars and tensors with no rows or elements, prescale and postscale,
+fp16 compression, a process set, eager or in a tf.function, uneven first
+dimensions, splits and roots; bool in the collectives that move values
+without reducing them). Every process of the job draws the same
+cases and makes every process's inputs from (seed, case, rank), so the
+oracle computes each process's expected result from the inputs alone:
+
+- `expected(case, size, rank)` is `("value", array)`, `("refused", words)`
+  where Horovod refuses the call (every process then must raise an error
+  whose message holds `words`), or `("absent", None)` for a process outside
+  the case's process set (it does not call).
+"""
+
+import dataclasses
+import random
+import re
+
+import numpy as np
+
+KINDS = ("allreduce", "grouped_allreduce", "allgather", "grouped_allgather", "broadcast",
+         "alltoall", "reducescatter", "grouped_reducescatter")
+OPS = ("Sum", "Average", "Min", "Max", "Product")
+DTYPES = ("float16", "bfloat16", "float32", "float64", "int32", "int64", "bool")
+TOLERANCE = {"float16": 2e-3, "bfloat16": 2e-2, "float32": 1e-6, "float64": 1e-12}
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+    """One collective call, the same on every process but for its rows."""
+    index: int
+    kind: str
+    op: str
+    dtype: str
+    rows: tuple  # rows per global rank (None: a scalar)
+    tail: tuple  # the dimensions after the first
+    tensors: int  # how many (grouped kinds)
+    prescale: float
+    postscale: float
+    compression: str  # "none" or "fp16"
+    traced: bool
+    members: tuple  # the process set's global ranks; () for the global set
+    root: int  # broadcast's root, a rank of the set
+    splits: tuple  # alltoall's splits per sender (() for equal parts)
+
+
+def draw(seed, count, size):
+    """`count` cases for a job of `size` processes."""
+    rng = random.Random(seed * 1000 + size)
+    return [_case(rng, index, size) for index in range(count)]
+
+
+def _case(rng, index, size):
+    kind = rng.choice(KINDS)
+    reducing = kind in ("allreduce", "grouped_allreduce", "reducescatter",
+                        "grouped_reducescatter")
+    op = (rng.choice(("Sum", "Average")) if "reducescatter" in kind
+          else rng.choice(OPS) if reducing else "Sum")
+    dtype = rng.choice(DTYPES)
+    if dtype == "bool" and reducing:  # Horovod gathers, sends and exchanges bools
+        dtype = "int32"
+    members = ()
+    if size >= 3 and rng.random() < 0.25:
+        members = tuple(sorted(rng.sample(range(size), 2)))
+    group = len(members) or size
+    tail = rng.choice(((), (2,), (3,), (0,), (2, 1)))
+    scalar = kind in ("allreduce", "grouped_allreduce", "broadcast", "allgather",
+                      "alltoall", "reducescatter") and rng.random() < 0.1
+    if scalar:
+        rows = (None,) * size
+        tail = ()
+    elif kind in ("allgather", "grouped_allgather"):
+        rows = tuple(rng.choice((0, 1, 2, 3)) for _ in range(size))
+    elif kind == "alltoall":
+        rows = tuple(rng.choice((0, 1, 2, 3, 4)) for _ in range(size))
+    else:
+        same = rng.choice((0, 1, 2, 3, group, 2 * group + 1))
+        rows = (same,) * size
+    splits = ()
+    if kind == "alltoall" and not scalar:
+        if rng.random() < 0.7:
+            splits = tuple(_cut(rng, rows[rank], group) for rank in range(size))
+        else:  # equal parts
+            rows = tuple(group * rng.choice((0, 1, 2)) for _ in range(size))
+    floating = dtype.startswith(("float", "bfloat"))
+    prescale = postscale = 1.0
+    if reducing and dtype != "bool" and rng.random() < 0.3:
+        prescale, postscale = rng.choice(((0.5, 1.0), (1.0, 2.0), (2.0, 0.5)))
+    compression = "fp16" if reducing and floating and rng.random() < 0.2 else "none"
+    return Case(index=index, kind=kind, op=op, dtype=dtype, rows=rows, tail=tail,
+                tensors=rng.choice((1, 2, 3)) if kind.startswith("grouped") else 1,
+                prescale=prescale, postscale=postscale, compression=compression,
+                traced=rng.random() < 0.3, members=members,
+                root=rng.randrange(group), splits=splits)
+
+
+def _cut(rng, rows, parts):
+    """`rows` cut into `parts` counts (some may be 0)."""
+    marks = sorted(rng.randint(0, rows) for _ in range(parts - 1))
+    return tuple(b - a for a, b in zip([0, *marks], [*marks, rows]))
+
+
+def numpy_dtype(name):
+    if name == "bfloat16":
+        import ml_dtypes
+        return ml_dtypes.bfloat16
+    return np.dtype(name)
+
+
+def inputs(seed, case, rank):
+    """Process `rank`'s tensors for `case` (a list, one per tensor), small
+    integers in every dtype, so that sums and products are exact."""
+    rng = np.random.default_rng([seed, case.index, rank])
+    found = []
+    for number in range(case.tensors):
+        rows = case.rows[rank]
+        shape = () if rows is None else (rows + number, *case.tail) if case.kind == (
+            "grouped_allgather") else (rows, *case.tail)
+        if case.dtype == "bool":
+            found.append(rng.integers(0, 2, size=shape).astype(bool))
+        else:
+            low = 1 if case.op == "Product" else -3
+            found.append(rng.integers(low, 4, size=shape).astype(numpy_dtype(case.dtype)))
+    return found
+
+
+def expected(seed, case, size, rank):
+    """What process `rank` must get (module doc)."""
+    members = list(case.members or range(size))
+    if rank not in members:
+        return ("absent", None)
+    group = len(members)
+    place = members.index(rank)
+    given = [inputs(seed, case, member) for member in members]
+    scalar = case.rows[rank] is None
+    if scalar and case.kind in ("allgather", "alltoall", "reducescatter"):
+        return ("refused", "scalar")
+    if case.kind == "alltoall" and not case.splits and any(
+            case.rows[member] % group for member in members):
+        return ("refused", "splits")
+    results = []
+    for number in range(case.tensors):
+        values = [tensors[number] for tensors in given]
+        if case.kind in ("allreduce", "grouped_allreduce"):
+            results.append(_reduced(case, values, group))
+        elif case.kind in ("allgather", "grouped_allgather"):
+            results.append(np.concatenate(values, axis=0))
+        elif case.kind == "broadcast":
+            results.append(values[case.root])
+        elif case.kind == "alltoall":
+            results.append(_exchanged(case, values, members, place))
+        else:
+            reduced = _reduced(case, values, group)
+            rows = reduced.shape[0]
+            counts = [rows // group + (1 if part < rows % group else 0)
+                      for part in range(group)]
+            start = sum(counts[:place])
+            results.append(reduced[start:start + counts[place]])
+    return ("value", results)
+
+
+def _reduced(case, values, group):
+    dtype = values[0].dtype
+    integer = np.issubdtype(dtype, np.integer)
+    scaled = [_scale(value, case.prescale) for value in values]
+    if case.compression == "fp16":
+        scaled = [value.astype(np.float16) for value in scaled]
+    wide = np.stack([value.astype(np.float64) for value in scaled])
+    total = {"Sum": wide.sum(axis=0), "Average": wide.sum(axis=0), "Min": wide.min(axis=0),
+             "Max": wide.max(axis=0), "Product": wide.prod(axis=0)}[case.op]
+    result = total.astype(scaled[0].dtype).astype(dtype)
+    if case.op == "Average" and integer:
+        return np.trunc(result.astype(np.float64) * (case.postscale / group)).astype(dtype)
+    if case.op == "Average":
+        result = (result.astype(np.float64) / group).astype(dtype)
+    return _scale(result, case.postscale)
+
+
+def _scale(value, factor):
+    """Horovod's scaling: integers in float64 truncated back, 16-bit floats
+    in float32 rounded back."""
+    if factor == 1.0:
+        return value
+    if np.issubdtype(value.dtype, np.integer):
+        return np.trunc(value.astype(np.float64) * factor).astype(value.dtype)
+    return (value.astype(np.float32 if value.dtype.itemsize == 2 else value.dtype)
+            * factor).astype(value.dtype)
+
+
+def _exchanged(case, values, members, place):
+    received = []
+    for sender, value in zip(members, values):
+        counts = case.splits[sender] if case.splits else [len(value) // len(members)] * len(
+            members)
+        start = sum(counts[:place])
+        received.append(value[start:start + counts[place]])
+    return np.concatenate(received, axis=0)
+
+
+def matches(case, found, wanted):
+    """Whether the process's result `found` (its JSON: shapes, dtypes,
+    values) is `wanted` (`expected`'s value list)."""
+    if len(found) != len(wanted):
+        return False
+    for got, want in zip(found, wanted):
+        if list(got["shape"]) != list(want.shape) or got["dtype"] != case.dtype:
+            return False
+        values = np.asarray(got["values"], np.float64).reshape(want.shape)
+        target = want.astype(np.float64)
+        tolerance = TOLERANCE.get(case.dtype, 0.0)
+        if not np.allclose(values, target, rtol=tolerance, atol=tolerance, equal_nan=True):
+            return False
+    return True
+
+
+def judged(seed, cases, size, records):
+    """(outcome counts, failures) of a job's `records` (per rank, per case,
+    generated_horovod_process.py's JSON). A case is right when every
+    process in its set got the oracle's value; refused when the oracle
+    refuses it, or every process raised the same error (type and message)
+    from tfdtape ("tfdtape: ..."); anything else, a failure."""
+    counts = {"value": 0, "refused": 0}
+    failing = []
+    for case in cases:
+        wanted = [expected(seed, case, size, rank) for rank in range(size)]
+        found = [_same_words(records[rank][case.index]) for rank in range(size)]
+        members = [rank for rank in range(size) if wanted[rank][0] != "absent"]
+        if any("absent" not in found[rank] for rank in range(size) if rank not in members):
+            failing.append((case, "a process outside the set called"))
+            continue
+        errors = [found[rank] for rank in members if "error" in found[rank]]
+        if wanted[members[0]][0] == "refused":
+            words = wanted[members[0]][1]
+            if len(errors) == len(members) and all(
+                    words in error["message"].lower() for error in errors) and all(
+                    error == errors[0] for error in errors):
+                counts["refused"] += 1
+            else:
+                failing.append((case, f"not refused alike ({words}): {found}"))
+            continue
+        if errors:
+            if (len(errors) == len(members) and all(error == errors[0] for error in errors)
+                    and "tfdtape: " in errors[0]["message"][:40]):
+                counts["refused"] += 1
+            else:
+                failing.append((case, f"errors: {errors}"))
+            continue
+        wrong = [rank for rank in members
+                 if not matches(case, found[rank]["results"], wanted[rank][1])]
+        if wrong:
+            failing.append((case, f"wrong on ranks {wrong}: "
+                                  f"{[found[rank] for rank in wrong]} against "
+                                  f"{[wanted[rank][1] for rank in wrong]}"))
+        else:
+            counts["value"] += 1
+    return counts, failing
+
+
+def _same_words(record):
+    """`record` with an error's message as every process words it: without
+    the name TensorFlow gives the traced function it was raised in."""
+    if "message" not in record:
+        return record
+    return dict(record, message=re.sub(r"^\{\{function_node [^}]*\}\}\s*", "",
+                                       record["message"]))

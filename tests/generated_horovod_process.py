@@ -1,0 +1,86 @@
+"""One process of a generated Horovod job (tests/generated_horovod.py):
+`python generated_horovod_process.py SEED COUNT` under `tfdtape launch`
+runs every case in order (a case that put the job out of step shows in the
+next) and prints one JSON list: per case, the result's shapes, dtypes and
+values, an error's type and message, or that this process was outside the
+case's process set."""
+
+import json
+import os
+import sys
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+
+import numpy as np
+import tensorflow as tf
+
+import generated_horovod as gh
+import tfdtape.horovod as hvd
+
+
+def call(case, tensors, sets):
+    """The case's collective on `tensors`, as Horovod's API takes it."""
+    options = {}
+    if case.members:
+        options["process_set"] = sets[case.members]
+    compression = hvd.Compression.fp16 if case.compression == "fp16" else hvd.Compression.none
+    op = getattr(hvd, case.op)
+    scales = {"prescale_factor": case.prescale, "postscale_factor": case.postscale}
+    kind = case.kind
+    if kind == "allreduce":
+        return [hvd.allreduce(tensors[0], op=op, compression=compression, **scales, **options)]
+    if kind == "grouped_allreduce":
+        return hvd.grouped_allreduce(tensors, op=op, compression=compression, **scales,
+                                     **options)
+    if kind == "allgather":
+        return [hvd.allgather(tensors[0], **options)]
+    if kind == "grouped_allgather":
+        return hvd.grouped_allgather(tensors, **options)
+    if kind == "broadcast":
+        root = (case.members or range(hvd.size()))[case.root]
+        return [hvd.broadcast(tensors[0], root_rank=root, **options)]
+    if kind == "alltoall":
+        splits = list(case.splits[hvd.rank()]) if case.splits else None
+        received = hvd.alltoall(tensors[0], splits=splits, **options)
+        return [received[0] if splits is not None else received]
+    if kind == "reducescatter":
+        return [hvd.reducescatter(tensors[0], op=op, compression=compression, **scales,
+                                  **options)]
+    return hvd.grouped_reducescatter(tensors, op=op, compression=compression, **scales,
+                                     **options)
+
+
+def described(tensor):
+    value = tensor.numpy()
+    return {"shape": list(value.shape), "dtype": tensor.dtype.name,
+            "values": np.asarray(value, np.float64).ravel().tolist()}
+
+
+def main():
+    seed, count = int(sys.argv[1]), int(sys.argv[2])
+    hvd.init()
+    cases = gh.draw(seed, count, hvd.size())
+    sets = {}
+    for case in cases:  # every process adds the same sets in the same order
+        if case.members and case.members not in sets:
+            sets[case.members] = hvd.add_process_set(list(case.members))
+    found = []
+    for case in cases:
+        if case.members and hvd.rank() not in case.members:
+            found.append({"absent": True})
+            continue
+        tensors = [tf.constant(value) for value in gh.inputs(seed, case, hvd.rank())]
+        try:
+            if case.traced:
+                results = tf.function(lambda *given, case=case: call(case, list(given),
+                                                                     sets))(*tensors)
+            else:
+                results = call(case, tensors, sets)
+            found.append({"results": [described(result) for result in results]})
+        except Exception as error:
+            found.append({"error": type(error).__name__, "message": str(error)[:400]})
+    print(json.dumps(found))
+
+
+if __name__ == "__main__":
+    main()
