@@ -135,6 +135,15 @@ class Slurm:
             time.sleep(0.5)
 
     def stop(self):
+        """Cancels every job left (their processes end with them), then
+        ends the daemons."""
+        subprocess.run(["scancel", "--full", "--user", getpass.getuser()],
+                       env=self.environment(), capture_output=True, timeout=60)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and subprocess.run(
+                ["squeue", "-h"], env=self.environment(), capture_output=True, text=True,
+                timeout=30).stdout.strip():
+            time.sleep(0.5)
         for pid_file in self.started:
             try:
                 os.kill(int(pid_file.read_text()), 15)

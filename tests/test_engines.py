@@ -89,8 +89,8 @@ def test_a_step_that_cannot_be_one_job_is_refused_on_every_process(slurm):
     assert completed.returncode != 0
     assert completed.stderr.count(
         "JobFormationError: tfdtape: Slurm (srun) started several processes and they "
-        "cannot be made one job (Slurm (srun)): expected tasks distributed block or "
-        "cyclic over the nodes, found SLURM_DISTRIBUTION=plane in TensorFlow ") == 2
+        "cannot be made one job (tfdtape.launchers.find_job): expected tasks distributed "
+        "block or cyclic over the nodes, found SLURM_DISTRIBUTION=plane in TensorFlow ") == 2
 
 
 def test_a_sweep_says_so_and_each_process_is_a_job_of_its_own(slurm):

@@ -397,3 +397,26 @@ def test_the_strategy_after_tensorflows_runtime_started_says_why():
         "(tf.distribute.MultiWorkerMirroredStrategy): expected the strategy created "
         "before any TensorFlow operation"), last
     assert last.endswith("set TFDTAPE_INDEPENDENT_PROCESSES=1."), last
+
+
+def test_the_port_check_lets_an_earlier_attempts_closed_connections_be():
+    """A requeued job's ports are its first attempt's; connections of that
+    attempt's server may linger in TIME_WAIT on them, which TensorFlow's
+    server (SO_REUSEADDR) binds over: so does the check."""
+    from tfdtape.launchers import tensorflow_job
+    listener = socket.socket()
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as gRPC's
+    listener.bind(("127.0.0.1", 0))
+    listener.listen()
+    port = listener.getsockname()[1]
+    client = socket.create_connection(("127.0.0.1", port))
+    accepted, _ = listener.accept()
+    accepted.close()  # the server's side closes first: its end waits (TIME_WAIT)
+    client.close()
+    listener.close()
+    with socket.socket() as plain:
+        with pytest.raises(OSError):
+            plain.bind(("", port))  # the wait holds the port for a plain bind
+    job = launchers.LauncherJob("Slurm (srun)", 0, 2, 0, 2,
+                                (f"localhost:{port}", "localhost:1"))
+    tensorflow_job._check_port_free(job)  # no refusal

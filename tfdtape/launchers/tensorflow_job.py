@@ -52,14 +52,17 @@ def _runtime_started():
 
 
 def _check_port_free(job):
-    """Refuses a derived port another program holds on this host (its
-    TensorFlow server would fail to start with a message naming no port).
+    """Refuses a derived port another program listens on, on this host
+    (TensorFlow's server would fail to start with a message naming no port).
 
     Raises:
         JobFormationError: the port is taken.
     """
     port = int(job.addresses[job.rank].rsplit(":", 1)[1])
     with socket.socket() as probe:
+        # As gRPC binds: connections of an earlier attempt's server, still
+        # in TIME_WAIT on the port (a requeued job's), do not hold it.
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             probe.bind(("", port))
         except OSError as error:
