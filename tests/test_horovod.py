@@ -1145,7 +1145,8 @@ def test_tensors_tensorflows_collectives_do_not_take_keep_the_job(tmp_path):
     ended a process with SIGSEGV in TensorFlow's collective (2.21), and the
     launcher stopped the job; bfloat16 gathered, broadcast or exchanged
     raised TensorFlow's 'not in the list of allowed values' (found by the
-    generated programs)."""
+    generated programs), and its NaNs must keep their bits; an allgather
+    traced for a tensor of unknown rank failed to trace."""
     completed = launch(2, "unusual_tensors.py")
     assert completed.returncode == 0, completed.stderr[-3000:]
     found = outputs(completed)
@@ -1160,6 +1161,8 @@ def test_tensors_tensorflows_collectives_do_not_take_keep_the_job(tmp_path):
             "allgather": ["bfloat16", gathered], "traced": ["bfloat16", gathered],
             "broadcast": ["bfloat16", [[1.5, -1.25]]],
             "alltoall": ["bfloat16", [[0.5, -1.25], [1.5, -1.25]]]}
+        assert found[rank]["bits"] == [0x7F81, 0xFFFF, 0x7FC0, 0xFF80, 0x0001] * 2
+        assert found[rank]["unknown_rank"] == [3, 2]  # a signature of unknown rank
 
 
 def test_horovods_private_compute_gradients_and_pass_counter_alone(alone):

@@ -448,3 +448,83 @@ def test_in_a_horovod_job_rank_0_writes_and_the_others_write_nothing(tmp_path):
         assert target.read_bytes() == b"alone"
     finally:
         process_job.register(None)
+
+
+class _Backup:
+    """The attributes of Keras 3's BackupAndRestore that
+    keras3_finished_training reads."""
+
+    def __init__(self, directory):
+        self.backup_dir = str(directory)
+        self.save_freq = "epoch"
+        self._weights_path = str(directory / "latest.weights.h5")
+        self._training_metadata_path = str(directory / "training_metadata.json")
+
+    def write(self, text):
+        os.makedirs(self.backup_dir, exist_ok=True)
+        for path in (self._weights_path, self._training_metadata_path):
+            with open(path, "w") as file:
+                file.write(text)
+
+    def read(self):
+        with open(self._weights_path) as file:
+            return file.read()
+
+
+def test_each_fit_on_one_backup_directory_gets_its_own_copy(tmp_path, monkeypatch):
+    """Found by the break-it review: a second `fit` on the same backup
+    directory took the first one's copy in a restarted attempt (it trained
+    nothing, or loaded another model's weights)."""
+    import shutil
+    import warnings
+
+    from tfdtape import keras3_finished_training as finished
+    monkeypatch.setenv("TFDTAPE_LAUNCH_DIR", str(tmp_path / "launch"))
+    monkeypatch.setattr(finished, "_fits", {})
+    directory = tmp_path / "backup"
+    monkeypatch.setenv("TFDTAPE_RESTART_COUNT", "0")
+    for text in ("first fit's end", "second fit's end"):  # attempt 0: both fits end
+        backup = _Backup(directory)
+        assert finished.restore(backup) is False  # the first attempt restores nothing
+        backup.write(text)
+        finished.remember(backup)
+        shutil.rmtree(directory)  # as Keras deletes it
+    monkeypatch.setenv("TFDTAPE_RESTART_COUNT", "1")
+    monkeypatch.setattr(finished, "_fits", {})  # a new process
+    found = []
+    with warnings.catch_warnings(record=True) as warned:
+        warnings.simplefilter("always")
+        for _ in range(3):
+            backup = _Backup(directory)
+            found.append(backup.read() if finished.restore(backup) else None)
+            if os.path.exists(directory):
+                shutil.rmtree(directory)
+    assert found == ["first fit's end", "second fit's end", None]  # a third never ended
+    assert [str(w.message).split(" backed up")[0] for w in warned] == [
+        "tfdtape: fit number 1", "tfdtape: fit number 2"]
+
+
+@keras3_only
+def test_a_fit_after_a_resumed_fit_trains_its_own_epochs(tmp_path):
+    """Keras keeps the epoch BackupAndRestore resumed a `fit` at on the
+    model, and the next `fit` started there (training nothing): found by
+    the break-it review, where a restarted launch's first `fit` resumed at
+    its end. tfdtape clears it when the resumed `fit` ends."""
+    import keras
+    model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+    model.compile(optimizer="sgd", loss="mse")
+    features, labels = np.ones((4, 2), np.float32), np.ones((4, 1), np.float32)
+    epochs = []
+
+    class Count(keras.callbacks.Callback):
+        def on_epoch_begin(self, epoch, logs=None):
+            epochs.append(epoch)
+
+    backup = str(tmp_path / "backup")
+    model.fit(features, labels, epochs=2, verbose=0, callbacks=[
+        keras.callbacks.BackupAndRestore(backup, delete_checkpoint=False)])
+    model.fit(features, labels, epochs=2, verbose=0,  # resumes at its end
+              callbacks=[keras.callbacks.BackupAndRestore(backup), Count()])
+    assert epochs == []
+    model.fit(features, labels, epochs=2, verbose=0, callbacks=[Count()])
+    assert epochs == [0, 1]

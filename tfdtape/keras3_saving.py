@@ -480,7 +480,13 @@ def make_backup_on_train_end(original):
     def on_train_end(self, logs=None):
         """Keras's deletion of the backup at the end of `fit`; on several
         workers the chief's only, under `tfdtape launch` after a copy is
-        kept for a restarted attempt (`keras3_finished_training`)."""
+        kept for a restarted attempt (`keras3_finished_training`). The
+        epoch Keras resumed this `fit` at is cleared from the model (Keras
+        keeps it, and the next `fit` would start at it)."""
+        if getattr(self.model, "_initial_epoch", None) is not None:
+            # The epoch this callback resumed at is this fit's: Keras keeps
+            # it on the model, and a later fit would start there too.
+            self.model._initial_epoch = None
         role = role_of(self.model)
         if role is not None and not role.chief:
             return None

@@ -33,5 +33,12 @@ moved = {"allgather": hvd.allgather(mine), "broadcast": hvd.broadcast(mine[:1], 
          "traced": tf.function(hvd.allgather)(mine)}
 bfloat16 = {name: [result.dtype.name, np.asarray(result, np.float32).tolist()]
             for name, result in moved.items()}
+# bfloat16 bits moved unchanged: NaNs with payloads and signs, -inf, a subnormal
+patterns = tf.constant([0x7F81, 0xFFFF, 0x7FC0, 0xFF80, 0x0001], tf.uint16)
+bits = tf.bitcast(tf.bitcast(patterns, tf.int16), tf.bfloat16)
+gathered_bits = tf.bitcast(hvd.allgather(bits), tf.uint16).numpy().tolist()
+any_rank = tf.function(hvd.allgather, input_signature=[tf.TensorSpec(None, tf.float32)])
+unknown_rank = any_rank(tf.ones([hvd.rank() + 1, 2])).shape.as_list()
 last = hvd.allreduce(tf.constant([float(hvd.rank() + 1)]), op=hvd.Sum)
-print(json.dumps({"results": found, "bfloat16": bfloat16, "last": float(last.numpy()[0])}))
+print(json.dumps({"results": found, "bfloat16": bfloat16, "bits": gathered_bits,
+                  "unknown_rank": unknown_rank, "last": float(last.numpy()[0])}))

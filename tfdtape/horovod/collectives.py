@@ -127,8 +127,9 @@ def sendable(tensor, symbol, reduced=False):
     """(`tensor` as a dtype the collectives carry, the function that casts
     a result back to `tensor`'s dtype). A bfloat16 tensor that is only
     moved (gathered, broadcast, exchanged: TensorFlow's collectives other
-    than the all-reduce do not take bfloat16) travels as float32, which
-    holds every bfloat16 value exactly; one `reduced` is reduced as it is.
+    than the all-reduce do not take bfloat16) travels as its bits (int16,
+    widened), every NaN's payload and sign kept; one `reduced` is reduced
+    as it is.
 
     Raises:
         ValueError: a string, resource or variant tensor.
@@ -141,7 +142,8 @@ def sendable(tensor, symbol, reduced=False):
     if dtype in _WIDENED:
         return tf.cast(tensor, tf.int32), lambda result: tf.cast(result, dtype)
     if dtype == tf.bfloat16 and not reduced:
-        return tf.cast(tensor, tf.float32), lambda result: tf.cast(result, dtype)
+        return (tf.cast(tf.bitcast(tensor, tf.int16), tf.int32),
+                lambda result: tf.bitcast(tf.cast(result, tf.int16), dtype))
     return tensor, lambda result: result
 
 

@@ -371,7 +371,8 @@ def _gather_rows(tensor, counts, symbol):
         return tf.identity(tensor)
     sendable, restore = collectives.sendable(tensor, symbol)
     longest = tf.reduce_max(counts)
-    padding = [[0, longest - tf.shape(sendable)[0]]] + [[0, 0]] * (tensor.shape.rank - 1)
+    padding = tf.concat([[[0, longest - tf.shape(sendable)[0]]],
+                         tf.zeros([tf.rank(sendable) - 1, 2], tf.int32)], 0)  # any rank
     everything = collectives.all_gather(tf.pad(sendable, padding))
     keep = tf.reshape(tf.sequence_mask(counts, longest), [-1])
     return restore(tf.boolean_mask(everything, keep))
