@@ -6,8 +6,8 @@ and prints one JSON object: its place in the job and the weights.
     python tests/engine_process.py MODE
         horovod       tfdtape.horovod: hvd.init(), this rank's rows of every
                       global batch, DistributedGradientTape
-        strategy      MultiWorkerMirroredStrategy() (no resolver), Keras 3
-                      fit on the global batches
+        strategy      MultiWorkerMirroredStrategy() (no resolver; made twice,
+                      as a program may), Keras 3 fit on the global batches
         distribution  keras.distribution.initialize(), DataParallel(), fit
         reference     one device on the global batches (the oracle)
         backup        MultiWorkerMirroredStrategy(), fit for EPOCHS epochs with
@@ -78,6 +78,7 @@ def strategy():
     import tensorflow as tf
 
     import tfdtape  # noqa: F401
+    tf.distribute.MultiWorkerMirroredStrategy()  # a program may make it twice
     chosen = tf.distribute.MultiWorkerMirroredStrategy()
     import keras
     with chosen.scope():

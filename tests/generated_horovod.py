@@ -7,7 +7,8 @@ bfloat16, float32, float64, int32, int64 and bool where Horovod takes it,
 scalars and tensors with no rows or elements, prescale and postscale,
 fp16 compression, a process set, eager or in a tf.function, uneven first
 dimensions, splits and roots; bool in the collectives that move values
-without reducing them). Every process of the job draws the same
+without reducing them; the gradient through an allreduce, allgather or
+broadcast under a tape, Horovod's). Every process of the job draws the same
 cases and makes every process's inputs from (seed, case, rank), so the
 oracle computes each process's expected result from the inputs alone:
 
@@ -47,6 +48,7 @@ class Case:
     members: tuple  # the process set's global ranks; () for the global set
     root: int  # broadcast's root, a rank of the set
     splits: tuple  # alltoall's splits per sender (() for equal parts)
+    gradient: bool = False  # also differentiated under a tape (Horovod's gradients)
 
 
 def draw(seed, count, size):
@@ -96,7 +98,10 @@ def _case(rng, index, size):
                 tensors=rng.choice((1, 2, 3)) if kind.startswith("grouped") else 1,
                 prescale=prescale, postscale=postscale, compression=compression,
                 traced=rng.random() < 0.3, members=members,
-                root=rng.randrange(group), splits=splits)
+                root=rng.randrange(group), splits=splits,
+                gradient=(kind in ("allreduce", "allgather", "broadcast")
+                          and dtype in ("float32", "float64") and op in ("Sum", "Average")
+                          and compression == "none" and rng.random() < 0.5))
 
 
 def _cut(rng, rows, parts):
@@ -202,6 +207,31 @@ def _exchanged(case, values, members, place):
     return np.concatenate(received, axis=0)
 
 
+def coefficients(seed, case, shape):
+    """The weights of the loss `sum(result * coefficients)` a case with a
+    gradient differentiates: the same on every process."""
+    rng = np.random.default_rng([seed, case.index, 7919])
+    return rng.integers(-2, 3, size=shape).astype(np.dtype(case.dtype))
+
+
+def expected_gradient(seed, case, size, rank, result_shape):
+    """The gradient of that loss for process `rank`'s input, as Horovod
+    defines it: an all-reduce's is the all-reduce (same op and scales) of
+    the upstream gradient; an allgather's is the average over the
+    processes of the upstream gradient, this process's rows of it; a
+    broadcast's is that average on the root, zeros elsewhere."""
+    members = list(case.members or range(size))
+    group, place = len(members), members.index(rank)
+    upstream = coefficients(seed, case, result_shape).astype(np.float64)
+    if case.kind == "allreduce":
+        scale = case.prescale * case.postscale * (group if case.op == "Sum" else 1)
+        return upstream * scale
+    if case.kind == "allgather":
+        start = sum(case.rows[member] for member in members[:place])
+        return upstream[start:start + case.rows[rank]]
+    return upstream if place == case.root else np.zeros_like(upstream)
+
+
 def matches(case, found, wanted):
     """Whether the process's result `found` (its JSON: shapes, dtypes,
     values) is `wanted` (`expected`'s value list)."""
@@ -251,7 +281,9 @@ def judged(seed, cases, size, records):
                 failing.append((case, f"errors: {errors}"))
             continue
         wrong = [rank for rank in members
-                 if not matches(case, found[rank]["results"], wanted[rank][1])]
+                 if not matches(case, found[rank]["results"], wanted[rank][1])
+                 or (case.gradient and not matches(case, found[rank]["gradients"], [
+                     expected_gradient(seed, case, size, rank, wanted[rank][1][0].shape)]))]
         if wrong:
             failing.append((case, f"wrong on ranks {wrong}: "
                                   f"{[found[rank] for rank in wrong]} against "
@@ -263,8 +295,9 @@ def judged(seed, cases, size, records):
 
 def _same_words(record):
     """`record` with an error's message as every process words it: without
-    the name TensorFlow gives the traced function it was raised in."""
+    the numbered names TensorFlow gives the traced function it was raised
+    in (`__inference_run_1978`)."""
     if "message" not in record:
         return record
-    return dict(record, message=re.sub(r"^\{\{function_node [^}]*\}\}\s*", "",
+    return dict(record, message=re.sub(r"__inference_[\w<>]*?_\d+", "__inference",
                                        record["message"]))

@@ -70,15 +70,28 @@ def main():
             found.append({"absent": True})
             continue
         tensors = [tf.constant(value) for value in gh.inputs(seed, case, hvd.rank())]
+
+        wanted = gh.expected(seed, case, hvd.size(), hvd.rank())
+        differentiated = case.gradient and wanted[0] == "value"
+
+        def run(*given, case=case, wanted=wanted, differentiated=differentiated):
+            """The results and, for a case with a gradient, the gradient of
+            sum(result * coefficients) for the inputs (the coefficients of
+            the shape the result must have: traced, it may be unknown)."""
+            with tf.GradientTape() as tape:
+                tape.watch(given)
+                results = call(case, list(given), sets)
+                loss = tf.add_n([tf.reduce_sum(result * gh.coefficients(
+                    seed, case, value.shape)) for result, value in zip(
+                        results, wanted[1])]) if differentiated else None
+            return results, tape.gradient(loss, list(given)) if differentiated else []
+
         try:
-            if case.traced:
-                results = tf.function(lambda *given, case=case: call(case, list(given),
-                                                                     sets))(*tensors)
-            else:
-                results = call(case, tensors, sets)
-            found.append({"results": [described(result) for result in results]})
+            results, gradients = (tf.function(run) if case.traced else run)(*tensors)
+            found.append({"results": [described(result) for result in results],
+                          "gradients": [described(gradient) for gradient in gradients]})
         except Exception as error:
-            found.append({"error": type(error).__name__, "message": str(error)[:400]})
+            found.append({"error": type(error).__name__, "message": str(error)[:3000]})
     print(json.dumps(found))
 
 

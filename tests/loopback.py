@@ -36,6 +36,17 @@ def worker_configs(count):
             for index in range(count)]
 
 
+def launched_outputs(stdout, starts="{"):
+    """rank -> the JSON each process of `tfdtape launch` printed last (its
+    lines prefixed `[rank]<stdout>:`), of those starting with `starts`."""
+    found = {}
+    for line in stdout.splitlines():
+        prefix, _, text = line.partition("<stdout>:")
+        if text.startswith(starts):
+            found[int(prefix.strip("[]"))] = json.loads(text)
+    return found
+
+
 def run_processes(tf_configs, arguments, time_limit, env=None, envs=None):
     """Runs `python ARGUMENTS...` once per TF_CONFIG (None: no cluster), all
     at once, with tests/ on PYTHONPATH (and `envs[i]`, where given, in the

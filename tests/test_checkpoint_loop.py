@@ -15,6 +15,8 @@ import sys
 import numpy as np
 import pytest
 
+import loopback
+
 SCRIPT = str(pathlib.Path(__file__).parent / "checkpoint_loop_process.py")
 TIMEOUT_SECONDS = 240
 
@@ -30,12 +32,7 @@ def job(directory, fail=None):
          "--max-restarts", "1", sys.executable, SCRIPT, str(directory)],
         env=environment, capture_output=True, text=True, timeout=TIMEOUT_SECONDS)
     assert completed.returncode == 0, completed.stderr[-3000:]
-    ranks = {}
-    for line in completed.stdout.splitlines():
-        prefix, _, text = line.partition("<stdout>:")
-        if text.startswith("{"):
-            ranks[int(prefix.strip("[]"))] = json.loads(text)
-    return ranks, completed.stderr
+    return loopback.launched_outputs(completed.stdout), completed.stderr
 
 
 def test_a_custom_loop_resumes_from_the_chiefs_checkpoint_after_a_restart(tmp_path):

@@ -7,7 +7,6 @@ size; `--horovod-seed S --horovod-cases N` (below) runs a longer search by
 hand (docs/testing.md has its counts)."""
 
 import dataclasses
-import json
 import os
 import pathlib
 import subprocess
@@ -16,6 +15,7 @@ import sys
 import pytest
 
 import generated_horovod as gh
+import loopback
 
 pytestmark = pytest.mark.cluster
 
@@ -34,11 +34,7 @@ def run_job(size, seed, count):
          sys.executable, str(HERE / "generated_horovod_process.py"), str(seed), str(count)],
         capture_output=True, text=True, env=environment, timeout=900)
     assert completed.returncode == 0, completed.stderr[-4000:]
-    records = {}
-    for line in completed.stdout.splitlines():
-        prefix, _, text = line.partition("<stdout>:")
-        if text.startswith("["):
-            records[int(prefix.strip("[]"))] = json.loads(text)
+    records = loopback.launched_outputs(completed.stdout, starts="[")
     assert sorted(records) == list(range(size))
     return records
 

@@ -23,6 +23,7 @@ from tfdtape import errors
 from tfdtape import launchers
 from tfdtape import process_job
 from tfdtape.launchers import tensorflow_job
+from tfdtape.launchers import tf_config
 
 _lock = threading.Lock()
 _state = None  # The Job once init() ran, until shutdown().
@@ -101,21 +102,14 @@ def _join():
             "own GPU, or set CUDA_VISIBLE_DEVICES per process"))
     hosts = [address.rsplit(":", 1)[0] for address in found.addresses]
     host_order = list(dict.fromkeys(hosts))
-    cross_rank = _environment_int("CROSS_RANK", host_order.index(hosts[found.rank]))
-    cross_size = _environment_int("CROSS_SIZE", len(host_order))
+    cross_rank = tf_config.launcher_int(os.environ, "CROSS_RANK",
+                                        host_order.index(hosts[found.rank]))
+    cross_size = tf_config.launcher_int(os.environ, "CROSS_SIZE", len(host_order))
     return Job(rank=found.rank, size=found.size, local_rank=found.local_rank,
                local_size=found.local_size, cross_rank=cross_rank,
                cross_size=cross_size, strategy=strategy,
                launcher=extended._cross_device_ops._launchers[0],
                device=extended.worker_devices[0])
-
-
-def _environment_int(name, default):
-    """TFDTAPE_<name>, else HOROVOD_<name>, else `default`."""
-    for prefix in ("TFDTAPE_", "HOROVOD_"):
-        if prefix + name in os.environ:
-            return int(os.environ[prefix + name])
-    return default
 
 
 def job():

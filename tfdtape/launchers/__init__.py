@@ -9,8 +9,8 @@ launch`, Kubeflow's TFJob, Ray Train, a program's own TF_CONFIG), `open_mpi`,
 MPI where a launcher names none. A launch of several processes is one job
 or every process raises `JobFormationError`: never a silent split into jobs
 of one. `TFDTAPE_INDEPENDENT_PROCESSES=1` makes each process a job of its
-own. This package must not import TensorFlow (`launchers.resolver` does,
-and only it).
+own. This package must not import TensorFlow (`launchers.tensorflow_job`
+does, and only it).
 """
 
 import os

@@ -6,7 +6,6 @@ This module must not import TensorFlow."""
 
 import os
 
-from tfdtape.launchers import job as job_lib
 from tfdtape.launchers import mpi_addresses
 
 LAUNCHER = "MPICH / Intel MPI (mpiexec)"
@@ -16,6 +15,7 @@ PROXY = "hydra_pmi_proxy"
 
 RANK, SIZE = "PMI_RANK", "PMI_SIZE"
 """The variables of this process's rank and of the number of processes."""
+VARIABLES = (RANK, SIZE, "MPI_LOCALRANKID", "MPI_LOCALNRANKS")
 
 
 def read(environ):
@@ -28,22 +28,12 @@ def read(environ):
     """
     if SIZE not in environ or RANK not in environ:
         return None
-    size = job_lib.integer(environ, SIZE, LAUNCHER)
-    if size < 2:
-        return None
-    rank = job_lib.integer(environ, RANK, LAUNCHER)
-    local_rank = job_lib.integer(environ, "MPI_LOCALRANKID", LAUNCHER)
-    local_size = job_lib.integer(environ, "MPI_LOCALNRANKS", LAUNCHER)
-    proxy = hydra_proxy() if local_size == size else None
-    if proxy is not None:
-        base = job_lib.derived_base_port(f"hydra-{proxy}", size)
-        addresses = tuple(f"127.0.0.1:{base + index}" for index in range(size))
-        origin = f"one host, ports from Hydra's proxy {proxy}"
-    else:
-        addresses = mpi_addresses.exchange(LAUNCHER, rank, size)
-        origin = "addresses exchanged over MPI"
-    return job_lib.LauncherJob(LAUNCHER, rank, size, local_rank, local_size, addresses,
-                               task_index=rank, origin=origin)
+
+    def proxy_key():
+        proxy = hydra_proxy()
+        return None if proxy is None else f"hydra-{proxy}"
+
+    return mpi_addresses.job_of(LAUNCHER, environ, VARIABLES, proxy_key)
 
 
 def hydra_proxy():

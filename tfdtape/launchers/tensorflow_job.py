@@ -16,6 +16,7 @@ from tfdtape import launchers
 from tfdtape import switches
 from tfdtape.launchers import job as job_lib
 from tfdtape.launchers import slurm_requeue
+from tfdtape.launchers import tf_config
 
 
 class LauncherClusterResolver(tfconfig_cluster_resolver.TFConfigClusterResolver):
@@ -38,7 +39,7 @@ def resolver_of(job):
     job's GPU for this process the only one visible first, while the
     runtime has not started, and arms Slurm's requeue on its time-limit
     signal (`slurm_requeue`)."""
-    if job.launcher in ("TF_CONFIG", "tfdtape launch"):
+    if job.launcher in tf_config.LAUNCHERS:
         return tfconfig_cluster_resolver.TFConfigClusterResolver()
     if not _runtime_started():  # else its server is up already, or it fails below
         _check_port_free(job)
@@ -78,9 +79,13 @@ def _show_only_the_jobs_gpus(job):
     """CUDA_VISIBLE_DEVICES as the launcher's job gives this process (one
     GPU, as `tfdtape launch` gives), unless TensorFlow's runtime has started
     (its devices are fixed then) or the launcher named none."""
-    if job.gpus is None or context.context()._context_handle is not None:
+    if job.gpus is None or _runtime_started():
         return
     os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(job.gpus)
+
+
+STARTED_TOO_LATE = "must be configured at program startup"
+"""TensorFlow's words when collectives are set up after its runtime started."""
 
 
 def make_strategy_init(original):
@@ -96,20 +101,24 @@ def make_strategy_init(original):
         they cannot be one job, JobFormationError on every process; after
         TensorFlow's runtime started (too late to join them), RuntimeError
         naming the launch."""
+        found = None
         if cluster_resolver is None and not os.environ.get("TF_CONFIG"):
             found = launchers.find_job()
             if found is not None and found.size > 1:
-                if _runtime_started():
-                    raise RuntimeError(errors.message(
-                        f"MultiWorkerMirroredStrategy() in a job of {found.size} "
-                        f"processes {found.launcher} started, after TensorFlow's "
-                        "runtime started", "tf.distribute.MultiWorkerMirroredStrategy",
-                        "the strategy created before any TensorFlow operation (its "
-                        "collectives are set up when the runtime starts)",
-                        "TensorFlow's runtime running", "Create the strategy first "
-                        "thing in the program; if each process is meant to be a job "
-                        f"of its own, set {switches.INDEPENDENT_PROCESSES}=1"))
                 cluster_resolver = resolver_of(found)
-        original(self, cluster_resolver, communication_options)
+        try:
+            original(self, cluster_resolver, communication_options)
+        except RuntimeError as error:
+            if found is None or STARTED_TOO_LATE not in str(error):
+                raise
+            raise RuntimeError(errors.message(
+                f"MultiWorkerMirroredStrategy() in a job of {found.size} processes "
+                f"{found.launcher} started, after TensorFlow's runtime started",
+                "tf.distribute.MultiWorkerMirroredStrategy",
+                "the strategy created before any TensorFlow operation (its "
+                "collectives are set up when the runtime starts)",
+                "TensorFlow's runtime running", "Create the strategy first thing in "
+                "the program; if each process is meant to be a job of its own, set "
+                f"{switches.INDEPENDENT_PROCESSES}=1")) from error
 
     return __init__

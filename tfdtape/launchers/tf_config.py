@@ -12,6 +12,10 @@ from tfdtape.launchers import job as job_lib
 TRAINING_TASKS = ("chief", "worker")
 """TF_CONFIG's task types that train, in rank order."""
 
+LAUNCHERS = ("tfdtape launch", "TF_CONFIG")
+"""The launchers of the jobs TF_CONFIG describes (TensorFlow reads those
+itself)."""
+
 LAUNCH_DIRECTORY = "TFDTAPE_LAUNCH_DIR"
 """`tfdtape launch`'s directory, which every attempt of a launch shares."""
 RESTART_COUNT = "TFDTAPE_RESTART_COUNT"
@@ -40,7 +44,7 @@ def read(environ):
         raise ValueError(_unreadable(raw, error)) from None
     if tasks.get("ps"):
         return None
-    launcher = "tfdtape launch" if "TFDTAPE_RANK" in environ else "TF_CONFIG"
+    launcher = LAUNCHERS[0] if "TFDTAPE_RANK" in environ else LAUNCHERS[1]
     if task_type == "evaluator":
         return job_lib.LauncherJob(launcher, 0, 1, 0, 1, (), "evaluator", task_index,
                                    origin="TF_CONFIG's evaluator: not a training process")
@@ -53,17 +57,21 @@ def read(environ):
     rank = (len(tasks.get("chief", [])) if task_type == "worker" else 0) + task_index
     hosts = [address.rsplit(":", 1)[0] for address in addresses]
     same_host = [index for index, host in enumerate(hosts) if host == hosts[rank]]
-    local_rank = _launcher_int(environ, "LOCAL_RANK", same_host.index(rank))
-    local_size = _launcher_int(environ, "LOCAL_SIZE", len(same_host))
+    local_rank = launcher_int(environ, "LOCAL_RANK", same_host.index(rank))
+    local_size = launcher_int(environ, "LOCAL_SIZE", len(same_host))
     return job_lib.LauncherJob(launcher, rank, len(addresses), local_rank, local_size,
                                tuple(addresses), task_type, task_index,
                                origin=f"TF_CONFIG task {task_type}:{task_index}",
                                chiefs=len(tasks.get("chief", [])))
 
 
-def _launcher_int(environ, name, default):
+def launcher_int(environ, name, default):
     """TFDTAPE_<name>, else HOROVOD_<name> (`tfdtape launch`, horovodrun),
-    else `default`."""
+    else `default`.
+
+    Raises:
+        JobFormationError: a value that is no integer.
+    """
     for prefix in ("TFDTAPE_", "HOROVOD_"):
         if prefix + name in environ:
             return job_lib.integer(environ, prefix + name, "tfdtape launch")
