@@ -6,8 +6,11 @@ and prints one JSON object: its place in the job and the weights.
     python tests/engine_process.py MODE
         horovod       tfdtape.horovod: hvd.init(), this rank's rows of every
                       global batch, DistributedGradientTape
-        strategy      MultiWorkerMirroredStrategy() (no resolver; made twice,
-                      as a program may), Keras 3 fit on the global batches
+        strategy      MultiWorkerMirroredStrategy() (no resolver), Keras 3 fit
+                      on the global batches
+        strategy_twice  the same, the strategy made twice as a program may (on
+                      TensorFlow 2.21; tf-nightly 2.23.0.dev20261026 hangs
+                      there at times, stock and under TF_CONFIG alike)
         distribution  keras.distribution.initialize(), DataParallel(), fit
         reference     one device on the global batches (the oracle)
         backup        MultiWorkerMirroredStrategy(), fit for EPOCHS epochs with
@@ -74,12 +77,12 @@ def horovod():
             "local_size": hvd.local_size(), "weights": weights(built)}
 
 
-def strategy():
+def strategy(made=1):
     import tensorflow as tf
 
     import tfdtape  # noqa: F401
-    tf.distribute.MultiWorkerMirroredStrategy()  # a program may make it twice
-    chosen = tf.distribute.MultiWorkerMirroredStrategy()
+    for _ in range(made):
+        chosen = tf.distribute.MultiWorkerMirroredStrategy()
     import keras
     with chosen.scope():
         built = model(keras)
@@ -194,6 +197,7 @@ def reference():
 
 
 if __name__ == "__main__":
-    MODES = {"horovod": horovod, "strategy": strategy, "distribution": distribution,
+    MODES = {"horovod": horovod, "strategy": strategy,
+             "strategy_twice": lambda: strategy(made=2), "distribution": distribution,
              "reference": reference, "backup": backup, "ray": ray}
     print(json.dumps(MODES[sys.argv[1]]()), flush=True)

@@ -5,6 +5,7 @@ import contextlib
 import json
 import os
 import pathlib
+import signal
 import socket
 import subprocess
 import sys
@@ -55,14 +56,17 @@ def run_processes(tf_configs, arguments, time_limit, env=None, envs=None):
     (tests/recorded_process.py).
 
     Every process is killed once `time_limit` seconds have passed since the
-    start (a cluster whose workers wait on each other would hang), and then,
-    or if one fails, the call fails with what they wrote on stderr.
+    start (a cluster whose workers wait on each other would hang: they are
+    sent SIGABRT first, so that faulthandler prints where each thread was),
+    and then, or if one fails, the call fails with the end of what they
+    wrote on stderr.
     """
     processes = []
     deadline = time.monotonic() + time_limit
     try:
         for index, tf_config in enumerate(tf_configs):
-            environment = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", **(env or {}),
+            environment = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", PYTHONFAULTHANDLER="1",
+                               **(env or {}),
                                **(envs[index] if envs else {}), PYTHONPATH=os.pathsep.join(
                                    [str(TESTS), os.environ.get("PYTHONPATH", "")]))
             environment.pop("TF_CONFIG", None)
@@ -80,11 +84,20 @@ def run_processes(tf_configs, arguments, time_limit, env=None, envs=None):
                 outputs.append(process.communicate(
                     timeout=max(1.0, deadline - time.monotonic())))
             except subprocess.TimeoutExpired:
-                for other in processes:
-                    other.kill()
+                for other in processes[len(outputs):]:  # faulthandler prints the stacks
+                    other.send_signal(signal.SIGABRT)
+                for other in processes[len(outputs):]:
+                    try:
+                        outputs.append(other.communicate(timeout=10))
+                    except subprocess.TimeoutExpired:
+                        other.kill()
+                        outputs.append(other.communicate())
+                written = [err[-3000:] for _, err in outputs]
                 raise AssertionError(
-                    f"the cluster ran past its time limit of {time_limit} s: "
-                    "every worker was killed") from None
+                    f"the cluster ran past its time limit of {time_limit} s: every worker "
+                    "was killed; their stderr ends:\n" + "\n".join(
+                        f"--- worker {index}:\n{text}" for index, text in enumerate(written))
+                ) from None
         for process, (_, err) in zip(processes, outputs):
             assert process.returncode == 0, err[-3000:]
         return [json.loads(out.strip().splitlines()[-1]) for out, _ in outputs]

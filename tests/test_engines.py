@@ -60,13 +60,13 @@ def assert_one_job_like_one_device(found, mode, reference):
     if mode == "horovod":
         assert sorted((r["rank"], r["size"], r["local_rank"], r["local_size"])
                       for r in found) == [(0, 2, 0, 2), (1, 2, 1, 2)]
-    elif mode == "strategy":
+    elif mode.startswith("strategy"):
         assert sorted(tuple(r["task"]) for r in found) == [("worker", 0), ("worker", 1)]
     if mode != "horovod":
         assert [r["replicas"] for r in found] == [2, 2]
 
 
-MODES = ["horovod", "strategy", "distribution"]
+MODES = ["horovod", "strategy_twice", "distribution"]
 
 
 @pytest.mark.parametrize("mode", MODES)
