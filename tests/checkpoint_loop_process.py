@@ -8,6 +8,9 @@ Run by tests/test_checkpoint_loop.py under `tfdtape launch -np N
 worker its rows of every global batch), or alone (the one-device reference
 on the global batches). With FAIL=RANK:EPOCH, on the launch's first attempt
 process RANK ends with os._exit(3) as batch 1 of epoch EPOCH begins.
+FAULTS plans more (tests/fault_points.py): at batch 1 of an epoch, inside
+an epoch's save (its checkpoint written, the manager's state not yet),
+right after the restore, after the final save.
 Prints one JSON object: the rank, the epochs this process ran, every model
 and optimizer variable.
 """
@@ -22,6 +25,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 import numpy as np
 import tensorflow as tf
 
+import fault_points
 import tfdtape  # noqa: F401 (installs)
 
 EPOCHS = 4
@@ -62,6 +66,14 @@ def main():
     writing = directory if chief else tempfile.mkdtemp()  # TensorFlow's tutorial
     manager = tf.train.CheckpointManager(checkpoint, writing, max_to_keep=1)
     checkpoint.restore(tf.train.latest_checkpoint(directory))  # None: nothing to restore
+    fault_points.reach(rank, "restore")
+    record_state = manager._record_state
+
+    def record_state_unless_dying():  # CheckpointManager.save: write, then the state
+        fault_points.reach(rank, "save", int(epoch.numpy()) - 1)
+        record_state()
+
+    manager._record_state = record_state_unless_dying
 
     def replica_loss(x, y):
         return tf.reduce_sum((model(x) - y) ** 2) / GLOBAL_BATCH
@@ -80,11 +92,14 @@ def main():
             if rank == fail_rank and current == fail_epoch and batch == 1:
                 sys.stdout.flush()
                 os._exit(3)
+            if batch == 1:
+                fault_points.reach(rank, "batch", current)
             step(x, y)
         epoch.assign_add(1)
         manager.save()
     if not chief:
         shutil.rmtree(writing)
+    fault_points.reach(rank, "after")
     variables = [*model.variables, *optimizer.variables]
     print(json.dumps({"rank": rank, "epochs": epochs_run, "variables": [
         np.asarray(strategy.experimental_local_results(getattr(v, "value", v))[0]).tolist()

@@ -38,6 +38,11 @@ def pytest_addoption(parser):
                      "(tests/test_generated_horovod.py; default CI's)")
     parser.addoption("--horovod-cases", type=int, default=None,
                      help="generated Horovod cases per launch (default CI's)")
+    parser.addoption("--fault-seed", type=int, default=None,
+                     help="the generated faults' seed (tests/test_generated_faults.py; "
+                     "default CI's)")
+    parser.addoption("--fault-cases", type=int, default=None,
+                     help="generated fault cases (default CI's)")
     parser.addoption("--fuzz-seed", type=int, default=None,
                      help="the generated programs' seed (default CI's)")
     parser.addoption("--per-release", action="store_true",

@@ -21,6 +21,11 @@ job writes (every worker the same paths, unless --backup-per-rank), and
   --forget-finished      keep no copy of an ended fit's backup for a restarted
                          attempt (keras3_finished_training off: the control)
 
+FAULTS in the environment plans more faults (tests/fault_points.py): at
+batch 1 of an epoch, inside an epoch's backup write (as --die's write),
+inside the backup's restore (its weights loaded, before the epoch is
+read), after the final files.
+
 Callbacks: BackupAndRestore(DIRECTORY/backup), ModelCheckpoint
 (DIRECTORY/ckpt-{epoch:02d}.weights.h5, weights only) and ModelCheckpoint
 (DIRECTORY/best.keras, save_best_only); after `fit`: model.save
@@ -42,6 +47,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 import numpy as np
 import tensorflow as tf
 
+import fault_points
 import tfdtape  # noqa: F401  (installs)
 
 GLOBAL_BATCH = 12
@@ -88,7 +94,7 @@ class Fault:
         return self.armed and self.how == "write" and epoch == self.epoch
 
 
-def callbacks_of(keras, directory, fault, epochs_run):
+def callbacks_of(keras, directory, fault, epochs_run, rank):
     backup = os.path.join(directory, "backup")
     epoch_now = {}
 
@@ -101,19 +107,36 @@ def callbacks_of(keras, directory, fault, epochs_run):
             if (fault.armed and fault.how in ("exit", "kill") and batch == 1
                     and epoch_now["epoch"] == fault.epoch):
                 fault.end()
+            if batch == 1:
+                fault_points.reach(rank, "batch", epoch_now["epoch"])
 
     backup_callback = keras.callbacks.BackupAndRestore(backup)
-    if fault.armed and fault.how == "write":
+    planned = fault_points.planned(rank)
+    if (fault.armed and fault.how == "write") or any(m == "save" for m, _ in planned):
         save_weights = keras.Model.save_weights
 
         def partial_then_die(model, filepath, *args, **kwargs):
-            if fault.during_write(epoch_now["epoch"]) and "latest" in str(filepath):
-                with open(filepath, "wb") as file:
-                    file.write(b"\x89HDF\r\n\x1a\n partial")
-                fault.end()
+            way = fault_points.due(rank, "save", epoch_now["epoch"])
+            if "latest" in str(filepath) and (fault.during_write(epoch_now["epoch"]) or way):
+                if rank == 0:  # the chief writes the job's backup; the others' go nowhere
+                    with open(filepath, "wb") as file:
+                        file.write(b"\x89HDF\r\n\x1a\n partial")
+                if way is None:
+                    fault.end()
+                fault_points.end(way)
             return save_weights(model, filepath, *args, **kwargs)
 
         keras.Model.save_weights = partial_then_die
+    if any(m == "restore" for m, _ in planned):
+        load_weights = keras.Model.load_weights
+
+        def load_then_die(model, filepath, *args, **kwargs):
+            loaded = load_weights(model, filepath, *args, **kwargs)
+            if str(filepath).startswith(backup):
+                fault_points.reach(rank, "restore")
+            return loaded
+
+        keras.Model.load_weights = load_then_die
     return [Probe(), backup_callback,
             keras.callbacks.ModelCheckpoint(os.path.join(directory, "ckpt-{epoch:02d}.weights.h5"),
                                             save_weights_only=True),
@@ -166,7 +189,7 @@ def main():
     with strategy.scope():
         model = build(keras)
     model.fit(FEATURES, LABELS, batch_size=GLOBAL_BATCH, epochs=EPOCHS, shuffle=False,
-              verbose=0, callbacks=callbacks_of(keras, directory, fault, epochs_run))
+              verbose=0, callbacks=callbacks_of(keras, directory, fault, epochs_run, rank))
     if arguments.legacy and rank != 0:  # TensorFlow's tutorial: tf_keras's save races
         directory = tempfile.mkdtemp()
     model.save(os.path.join(directory, "final.keras"))
@@ -177,6 +200,7 @@ def main():
         model.export(os.path.join(directory, "exported"), verbose=False)
     if fault.armed and fault.how == "after":
         fault.end()
+    fault_points.reach(rank, "after")
     optimizer_variables = model.optimizer.variables
     if callable(optimizer_variables):  # tf_keras
         optimizer_variables = optimizer_variables()

@@ -866,6 +866,32 @@ def test_horovods_checkpoint_on_rank_0_resumes_a_restarted_job(tmp_path):
         f"checkpoint-{epoch}.keras" for epoch in (1, 2, 3, 4)]
 
 
+def test_a_fit_that_ran_no_batch_broadcasts_the_model_and_optimizer_at_its_end(
+        alone, monkeypatch):
+    """Found by the generated faults (tests/test_generated_faults.py, a
+    Horovod checkpoint job restarted after its fit ended): a fit resuming at
+    its last epoch runs no batch, so the first batch's broadcast never came
+    and the other ranks kept an optimizer of their own, not even built."""
+    import tfdtape.horovod.keras as hvd_keras
+    from tfdtape.horovod import ops
+    broadcasts = []
+    monkeypatch.setattr(ops, "broadcast_variables",
+                        lambda variables, root: broadcasts.append((list(variables), root)))
+    keras = tf.keras
+    model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+    optimizer = hvd_keras.DistributedOptimizer(keras.optimizers.SGD(0.1, momentum=0.9))
+    model.compile(optimizer=optimizer, loss="mse")
+    model.fit(np.ones((4, 2), np.float32), np.zeros((4, 1), np.float32), epochs=2,
+              initial_epoch=2, verbose=0,
+              callbacks=[hvd_keras.callbacks.BroadcastGlobalVariablesCallback(1)])
+    slots = optimizer.variables() if callable(optimizer.variables) else optimizer.variables
+    # the iterations, two momentums (and Keras 3's learning rate)
+    assert len(slots) == (4 if is_keras3(keras) else 3)
+    assert [(len(variables), root) for variables, root in broadcasts] == [
+        (2, 1), (2 + len(slots), 1)]
+    assert {id(v) for v in slots} <= {id(v) for v in broadcasts[1][0]}
+
+
 def test_elastic_restore_of_a_save_made_before_the_optimizers_first_step(
         alone, monkeypatch, tmp_path):
     import tfdtape.horovod.keras as hvd_keras

@@ -6,6 +6,8 @@ rank 0 resumes with `hvd.load_model` (the optimizer's state too), the
 others build the model afresh, and BroadcastGlobalVariablesCallback hands
 out rank 0's variables. With FAIL=RANK:EPOCH, on the launch's first attempt
 process RANK ends with os._exit(3) as batch 1 of epoch EPOCH begins.
+FAULTS plans more (tests/fault_points.py): at batch 1 of an epoch, right
+after the resume (rank 0's checkpoint loaded), after `fit`.
 Prints one JSON object: the rank, the epochs this attempt ran, every model
 and optimizer variable.
 """
@@ -18,6 +20,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 import numpy as np
 import tensorflow as tf
 
+import fault_points
 import tfdtape.horovod.keras as hvd
 
 EPOCHS = 4
@@ -52,6 +55,7 @@ else:
         weight.assign(tf.random.stateless_normal(weight.shape, seed=(rank, index)))
     model.compile(optimizer=hvd.DistributedOptimizer(keras.optimizers.SGD(0.05, momentum=0.9)),
                   loss="mse")
+fault_points.reach(rank, "restore")
 epochs_run = []
 
 
@@ -64,6 +68,8 @@ class Probe(keras.callbacks.Callback):
         if rank == fail_rank and self.epoch == fail_epoch and batch == 1:
             sys.stdout.flush()
             os._exit(3)
+        if batch == 1:
+            fault_points.reach(rank, "batch", self.epoch)
 
 
 callbacks = [Probe(), hvd.callbacks.BroadcastGlobalVariablesCallback(0),
@@ -72,6 +78,7 @@ if rank == 0:
     callbacks.append(keras.callbacks.ModelCheckpoint(checkpoint_format))
 model.fit(features[mine], labels[mine], batch_size=ROWS, shuffle=False, callbacks=callbacks,
           epochs=EPOCHS, initial_epoch=resume_from_epoch, verbose=0)
+fault_points.reach(rank, "after")
 optimizer_variables = model.optimizer.variables
 optimizer_variables = optimizer_variables() if callable(optimizer_variables) else \
     optimizer_variables

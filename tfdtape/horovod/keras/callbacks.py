@@ -34,7 +34,10 @@ class BroadcastGlobalVariablesCallback(_callback_base()):
     variables exist then on every process, and a process that loaded a
     checkpoint's optimizer state hands it out), so every process trains
     from `root_rank`'s weights; but for `local_variables`, which each
-    process keeps."""
+    process keeps. A `fit` that ran no batch (a restarted job resuming at
+    its last epoch) broadcasts both at its end instead, the optimizer built
+    first where it has no variables yet, so every process ends holding
+    `root_rank`'s state (Horovod's callback leaves the others' own)."""
 
     def __init__(self, root_rank, device="", local_variables=None):
         super().__init__()
@@ -60,6 +63,17 @@ class BroadcastGlobalVariablesCallback(_callback_base()):
         if not self.broadcast_done:
             self._broadcast(with_optimizer=True)
             self.broadcast_done = True
+
+    def on_train_end(self, logs=None):
+        if self.broadcast_done:
+            return
+        optimizer = getattr(self.model, "optimizer", None)
+        with_optimizer = optimizer is not None and hasattr(optimizer, "build")
+        built = getattr(optimizer, "built", getattr(optimizer, "_built", False))  # Keras 3, 2
+        if with_optimizer and not built:
+            optimizer.build(self.model.trainable_variables)
+        self._broadcast(with_optimizer=with_optimizer)
+        self.broadcast_done = True
 
 
 class MetricAverageCallback(_callback_base()):

@@ -1,0 +1,70 @@
+"""Where a planned fault ends a process of a job under `tfdtape launch`
+(the job scripts of tests/generated_faults.py call `reach` at each point).
+
+FAULTS in the environment lists the faults, comma-separated, each
+ATTEMPT:RANK:MOMENT:EPOCH:WAY: on launch attempt ATTEMPT
+(TFDTAPE_RESTART_COUNT), process RANK ends at MOMENT of epoch EPOCH, by
+WAY. The moments a script offers:
+
+    batch    as batch 1 of the epoch begins (the others wait in its
+             all-reduce)
+    save     inside the epoch's backup, between its weights and its
+             metadata (the script's own way of writing half a backup)
+    restore  inside the restore at the start of the attempt (epoch: any)
+    after    once training and the final saves ended (epoch: any)
+
+The ways: exit (os._exit(3)), kill (SIGKILL), term (SIGTERM, Python's
+default: the process ends).
+"""
+
+import os
+import signal
+import sys
+import time
+
+ENVIRONMENT = "FAULTS"
+MOMENTS = ("batch", "save", "restore", "after")
+WAYS = ("exit", "kill", "term")
+ANY_EPOCH = -1
+
+
+def spec(attempt, rank, moment, epoch, way):
+    """One fault as FAULTS writes it."""
+    return f"{attempt}:{rank}:{moment}:{epoch}:{way}"
+
+
+def planned(rank, environ=None):
+    """{(moment, epoch): way} of this process on this attempt."""
+    environ = os.environ if environ is None else environ
+    attempt = environ.get("TFDTAPE_RESTART_COUNT", "0")
+    found = {}
+    for item in filter(None, environ.get(ENVIRONMENT, "").split(",")):
+        on_attempt, on_rank, moment, epoch, way = item.split(":")
+        if on_attempt == attempt and int(on_rank) == rank:
+            found[(moment, int(epoch))] = way
+    return found
+
+
+def due(rank, moment, epoch=ANY_EPOCH):
+    """The way this process ends at `moment` of `epoch`, or None."""
+    faults = planned(rank)
+    return faults.get((moment, epoch)) or faults.get((moment, ANY_EPOCH))
+
+
+def reach(rank, moment, epoch=ANY_EPOCH):
+    """Ends this process if a fault is planned here."""
+    way = due(rank, moment, epoch)
+    if way is not None:
+        end(way)
+
+
+def end(way):
+    """Ends this process by `way`, what it printed flushed."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    if way == "kill":
+        os.kill(os.getpid(), signal.SIGKILL)
+    elif way == "term":
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(60)  # the default handler ends the process first
+    os._exit(3)

@@ -1,0 +1,98 @@
+"""Generated faults and their oracle (tests/test_generated_faults.py).
+
+A seed draws cases from a small grammar: a job (its script under `tfdtape
+launch -np 2`) × where each fault lands (tests/fault_points.py's moments,
+at an epoch) × its victim (the chief, a worker, both) × its way (exit,
+SIGKILL, SIGTERM) × faults per job (1 or 2, the second on the restarted
+attempt). The oracle knows nothing of tfdtape: the job run uninterrupted.
+A faulted job, launched with one restart per faulted attempt, ends with
+every process at 0, the uninterrupted job's variables on every rank
+bitwise, the same files in its directory, nothing half-written left, and,
+where its last fault came after training ended, no epoch trained again.
+
+The jobs:
+
+    fit      Keras 3 `fit` under MultiWorkerMirroredStrategy with the
+             tutorial's callbacks (BackupAndRestore, two ModelCheckpoints)
+             and model.save, save_weights, export on one shared directory
+             (tests/keras_saving_process.py)
+    loop     a custom loop with the tape around `strategy.run` and
+             `tf.train.CheckpointManager` (tests/checkpoint_loop_process.py)
+    horovod  Horovod's Keras checkpoint pattern: rank 0 checkpoints every
+             epoch, the restarted job resumes from rank 0's last one
+             (tests/horovod_scripts/checkpoint_resume.py)
+"""
+
+import dataclasses
+import random
+
+import fault_points
+
+EPOCHS = 4
+JOBS = ("fit", "loop", "horovod")
+MOMENTS_OF = {"fit": ("batch", "save", "restore", "after"),
+              "loop": ("batch", "save", "restore", "after"),
+              "horovod": ("batch", "restore", "after")}
+"""The moments each job's script offers (Horovod's pattern writes its
+checkpoints through Keras's ModelCheckpoint on rank 0, which tfdtape
+commits whole: no half-written backup of its own to die in)."""
+VICTIMS = ((0,), (1,), (0, 1))
+
+
+@dataclasses.dataclass(frozen=True)
+class Fault:
+    attempt: int
+    victims: tuple
+    moment: str
+    epoch: int
+    way: str
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+    index: int
+    job: str
+    faults: tuple
+
+    def environment(self):
+        """FAULTS for the launch (tests/fault_points.py)."""
+        return ",".join(fault_points.spec(f.attempt, rank, f.moment, f.epoch, f.way)
+                        for f in self.faults for rank in f.victims)
+
+    def restarts(self):
+        return len(self.faults)
+
+    def ends_after_training(self):
+        """Whether the last fault came once training had ended: the last
+        attempt must then train no epoch."""
+        return self.faults[-1].moment == "after"
+
+    def describe(self):
+        return f"case {self.index} ({self.job}; " + "; ".join(
+            f"attempt {f.attempt}: rank {'+'.join(map(str, f.victims))} {f.way} at "
+            f"{f.moment}" + ("" if f.epoch == fault_points.ANY_EPOCH else f" of epoch {f.epoch}")
+            for f in self.faults) + ")"
+
+
+def draw(seed, count):
+    """`count` cases; the jobs taken in turn, so every job is in any three."""
+    rng = random.Random(seed)
+    return [_case(rng, index, JOBS[index % len(JOBS)]) for index in range(count)]
+
+
+def _case(rng, index, job):
+    faults = [_fault(rng, job, 0, first=True)]
+    if rng.random() < 0.5 and faults[0].moment != "after":
+        faults.append(_fault(rng, job, 1, first=False))
+    return Case(index, job, tuple(faults))
+
+
+def _fault(rng, job, attempt, first):
+    moments = [m for m in MOMENTS_OF[job] if not (first and m == "restore")]
+    moment = rng.choice(moments)  # attempt 0 restores nothing
+    epoch = fault_points.ANY_EPOCH
+    if moment == "batch":
+        epoch = rng.randrange(EPOCHS)
+    elif moment == "save":
+        epoch = rng.randrange(EPOCHS - 1)  # the last epoch's backup is the final one
+    return Fault(attempt, rng.choice(VICTIMS), moment, epoch, rng.choice(fault_points.WAYS))
