@@ -15,7 +15,7 @@ import sys
 import numpy as np
 import pytest
 
-import loopback
+import restart_jobs
 
 SCRIPT = str(pathlib.Path(__file__).parent / "checkpoint_loop_process.py")
 TIMEOUT_SECONDS = 240
@@ -23,23 +23,14 @@ TIMEOUT_SECONDS = 240
 pytestmark = pytest.mark.cluster
 
 
-def job(directory, fail=None):
-    """Each rank's JSON, and the launcher's stderr."""
-    environment = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", **({"FAIL": fail} if fail else {}))
-    environment.pop("TF_CONFIG", None)
-    completed = subprocess.run(
-        [sys.executable, "-m", "tfdtape", "launch", "-np", "2", "--grace", "3",
-         "--max-restarts", "1", sys.executable, SCRIPT, str(directory)],
-        env=environment, capture_output=True, text=True, timeout=TIMEOUT_SECONDS)
-    assert completed.returncode == 0, completed.stderr[-3000:]
-    return loopback.launched_outputs(completed.stdout), completed.stderr
-
-
-def test_a_custom_loop_resumes_from_the_chiefs_checkpoint_after_a_restart(tmp_path):
-    for name in ("whole", "restarted", "alone"):
+def test_a_custom_loop_resumes_from_the_chiefs_checkpoint_after_a_restart(
+        tmp_path, tmp_path_factory):
+    for name in ("restarted", "alone"):
         (tmp_path / name).mkdir()
-    uninterrupted, _ = job(tmp_path / "whole")
-    restarted, stderr = job(tmp_path / "restarted", fail="1:2")
+    uninterrupted = restart_jobs.uninterrupted("loop", tmp_path_factory)[1].ranks
+    job = restart_jobs.launch("loop", tmp_path / "restarted", restarts=1, env={"FAIL": "1:2"})
+    assert job.status == 0, job.stderr[-3000:]
+    restarted, stderr = job.ranks, job.stderr
     assert "tfdtape launch: rank 1 exited with status 3;" in stderr
     assert "restarting every process (attempt 1 of 1)" in stderr
     for rank in (0, 1):

@@ -8,46 +8,16 @@ search by hand is `pytest tests/test_generated_faults.py --fault-seed S
 --fault-cases N` (docs/testing.md).
 """
 
-import os
-import pathlib
-import subprocess
-import sys
-
 import pytest
 import tensorflow as tf
 
-import exercise_recorder
 import fault_points
 import generated_faults
-import loopback
+import restart_jobs
 from keras_models import is_keras3
 
-HERE = pathlib.Path(__file__).resolve().parent
-SCRIPTS = {"fit": HERE / "keras_saving_process.py",
-           "loop": HERE / "checkpoint_loop_process.py",
-           "horovod": HERE / "horovod_scripts" / "checkpoint_resume.py"}
 CI_SEED = 51
 CI_CASES = 3
-TIME_LIMIT_SECONDS = 300
-
-
-def launch(job, directory, restarts=0, faults=""):
-    """`tfdtape launch -np 2` of `job`'s script writing in `directory`, its
-    TMPDIR beside it: (status, stderr, each rank's JSON)."""
-    temporary = directory.parent / f"{directory.name}-tmp"
-    temporary.mkdir()
-    environment = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", TMPDIR=str(temporary),
-                       PYTHONPATH=os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")]),
-                       **{fault_points.ENVIRONMENT: faults})
-    environment.pop("TF_CONFIG", None)
-    recorder = ([str(HERE / "recorded_process.py")]
-                if exercise_recorder.ENVIRONMENT in environment else [])
-    completed = subprocess.run(
-        [sys.executable, "-m", "tfdtape", "launch", "-np", "2", "--grace", "3",
-         "--max-restarts", str(restarts), sys.executable, *recorder, str(SCRIPTS[job]),
-         str(directory)],
-        env=environment, capture_output=True, text=True, timeout=TIME_LIMIT_SECONDS)
-    return completed.returncode, completed.stderr, loopback.launched_outputs(completed.stdout)
 
 
 def listing(directory):
@@ -57,23 +27,8 @@ def listing(directory):
 
 def leftovers(directory):
     """tfdtape's staging files left in the launch's TMPDIR."""
-    temporary = directory.parent / f"{directory.name}-tmp"
-    return sorted(path.name for path in temporary.iterdir() if path.name.startswith("tfdtape-"))
-
-
-_uninterrupted = {}
-
-
-def uninterrupted(job, tmp_path_factory):
-    """The job run whole: (its listing, rank 0's JSON); once a session."""
-    if job not in _uninterrupted:
-        directory = tmp_path_factory.mktemp(f"whole-{job}") / "job"
-        directory.mkdir()
-        status, stderr, ranks = launch(job, directory)
-        assert status == 0, stderr[-3000:]
-        assert ranks[0]["variables"] == ranks[1]["variables"]
-        _uninterrupted[job] = (listing(directory), ranks[0])
-    return _uninterrupted[job]
+    return sorted(path.name for path in restart_jobs.temporary_of(directory).iterdir()
+                  if path.name.startswith("tfdtape-"))
 
 
 def cases(config):
@@ -92,19 +47,19 @@ def pytest_generate_tests(metafunc):
 @pytest.mark.cluster
 @pytest.mark.skipif(not is_keras3(tf.keras), reason="the fit job is Keras 3's")
 def test_a_faulted_job_ends_as_the_uninterrupted_job(case, tmp_path, tmp_path_factory):
-    files, whole = uninterrupted(case.job, tmp_path_factory)
+    whole_directory, whole = restart_jobs.uninterrupted(case.job, tmp_path_factory)
     directory = tmp_path / "job"
     directory.mkdir()
-    status, stderr, ranks = launch(case.job, directory, restarts=case.restarts(),
-                                   faults=case.environment())
+    job = restart_jobs.launch(case.job, directory, restarts=case.restarts(),
+                              env={fault_points.ENVIRONMENT: case.environment()})
     where = case.describe()
-    assert status == 0, f"{where}: the launch ended with {status}:\n{stderr[-3000:]}"
-    assert sorted(ranks) == [0, 1], where
-    for rank, result in ranks.items():
-        assert result["variables"] == whole["variables"], f"{where}: rank {rank}"
+    assert job.status == 0, f"{where}: the launch ended with {job.status}:\n{job.stderr[-3000:]}"
+    assert sorted(job.ranks) == [0, 1], where
+    for rank, result in job.ranks.items():
+        assert result["variables"] == whole.ranks[0]["variables"], f"{where}: rank {rank}"
         if case.ends_after_training():
             assert result["epochs"] == [], f"{where}: rank {rank} trained again"
-    assert listing(directory) == files, where
+    assert listing(directory) == listing(whole_directory), where
     assert leftovers(directory) == [], where
 
 

@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+import restart_jobs
 import tfdtape.horovod as hvd
 from keras_models import is_keras3
 from tfdtape.horovod import fusion
@@ -824,19 +825,6 @@ def test_elastic_state_refuses_what_a_restarting_job_cannot_keep(alone, monkeypa
         variables._resume({"objects": {}, "variables": [1.0, 2.0]})
 
 
-def checkpointed_job(directory, fail=None):
-    """Each rank's JSON of checkpoint_resume.py on 2 processes under
-    --max-restarts 1, and the launcher's stderr."""
-    environment = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", **({"FAIL": fail} if fail else {}))
-    environment.pop("TF_CONFIG", None)
-    completed = subprocess.run(
-        [sys.executable, "-m", "tfdtape", "launch", "-np", "2", "--grace", "3",
-         "--max-restarts", "1", sys.executable, str(SCRIPTS / "checkpoint_resume.py"),
-         str(directory)], capture_output=True, text=True, env=environment, timeout=300)
-    assert completed.returncode == 0, completed.stderr[-3000:]
-    return outputs_of_json(completed.stdout), completed.stderr
-
-
 def outputs_of_json(stdout):
     found = {}
     for line in stdout.splitlines():
@@ -848,15 +836,17 @@ def outputs_of_json(stdout):
 
 @pytest.mark.per_release(False)
 @pytest.mark.cluster
-def test_horovods_checkpoint_on_rank_0_resumes_a_restarted_job(tmp_path):
+def test_horovods_checkpoint_on_rank_0_resumes_a_restarted_job(tmp_path, tmp_path_factory):
     """keras_mnist_advanced.py's way: rank 0 checkpoints every epoch; after
     rank 1 ends in epoch 2 the restarted job finds epoch 2's checkpoint,
     rank 0 loads it (the optimizer's state too) and hands it out, and every
     rank ends with the uninterrupted job's variables, bitwise."""
-    (tmp_path / "whole").mkdir()
     (tmp_path / "restarted").mkdir()
-    uninterrupted, _ = checkpointed_job(tmp_path / "whole")
-    restarted, stderr = checkpointed_job(tmp_path / "restarted", fail="1:2")
+    uninterrupted = restart_jobs.uninterrupted("horovod", tmp_path_factory)[1].ranks
+    job = restart_jobs.launch("horovod", tmp_path / "restarted", restarts=1,
+                              env={"FAIL": "1:2"})
+    assert job.status == 0, job.stderr[-3000:]
+    restarted, stderr = job.ranks, job.stderr
     assert "restarting every process (attempt 1 of 1)" in stderr
     for rank in (0, 1):
         assert uninterrupted[rank]["epochs"] == [0, 1, 2, 3]

@@ -29,7 +29,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-import exercise_recorder
+import restart_jobs
 from keras_models import is_keras3
 from tfdtape import keras3_saving
 from tfdtape import process_job
@@ -45,33 +45,11 @@ keras3_only = pytest.mark.skipif(not is_keras3(tf.keras),
                                  reason="Keras 3's saving (tf.keras is Keras 2)")
 
 
-class Job(types.SimpleNamespace):
-    """A finished launch: its exit status, stderr, and each rank's JSON."""
-
-
 def launch(directory, *arguments, processes=2, restarts=0, env=None):
-    """Runs the script under `tfdtape launch` with TMPDIR in `directory`'s
-    parent; returns a Job."""
-    temporary = pathlib.Path(directory).parent / "tmp"
-    temporary.mkdir(exist_ok=True)
-    environment = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", TMPDIR=str(temporary),
-                       PYTHONPATH=os.pathsep.join([str(pathlib.Path(__file__).parent),
-                                                   os.environ.get("PYTHONPATH", "")]),
-                       **(env or {}))
-    environment.pop("TF_CONFIG", None)
-    recorder = ([str(pathlib.Path(__file__).parent / "recorded_process.py")]
-                if exercise_recorder.ENVIRONMENT in environment else [])
-    completed = subprocess.run(
-        [sys.executable, "-m", "tfdtape", "launch", "-np", str(processes), "--grace", "3",
-         "--max-restarts", str(restarts), sys.executable, *recorder, SCRIPT, str(directory),
-         *arguments],
-        env=environment, capture_output=True, text=True, timeout=TIMEOUT_SECONDS)
-    ranks = {}
-    for line in completed.stdout.splitlines():
-        prefix, _, text = line.partition("<stdout>:")
-        if text.startswith("{"):
-            ranks[int(prefix.strip("[]"))] = json.loads(text)
-    return Job(status=completed.returncode, stderr=completed.stderr, ranks=ranks)
+    """keras_saving_process.py under `tfdtape launch`, TMPDIR beside
+    `directory`; returns a restart_jobs.Job."""
+    return restart_jobs.launch("fit", directory, *arguments, processes=processes,
+                               restarts=restarts, env=env)
 
 
 def reference(tmp_path_factory, legacy=False):
@@ -91,13 +69,7 @@ def reference(tmp_path_factory, legacy=False):
 
 def uninterrupted(tmp_path_factory):
     """The 2-process job on one shared directory, never interrupted."""
-    if "uninterrupted" not in _found:
-        directory = tmp_path_factory.mktemp("uninterrupted") / "job"
-        directory.mkdir()
-        job = launch(directory)
-        assert job.status == 0, job.stderr[-3000:]
-        _found["uninterrupted"] = (directory, job)
-    return _found["uninterrupted"]
+    return restart_jobs.uninterrupted("fit", tmp_path_factory)
 
 
 def assert_finished_like(job, expected, epochs, processes=2):
@@ -118,7 +90,7 @@ def assert_nothing_left(directory, written=None):
     """`written` (the job's directory) holds the final files only, and
     nothing of tfdtape's is left in it or in the processes' TMPDIR."""
     assert set(os.listdir(written or directory)) == FINAL_FILES
-    temporary = pathlib.Path(directory).parent / "tmp"
+    temporary = restart_jobs.temporary_of(directory)
     assert [p.name for p in temporary.iterdir() if p.name.startswith("tfdtape-")] == []
 
 
