@@ -13,8 +13,10 @@ WAY. The moments a script offers:
     restore  inside the restore at the start of the attempt (epoch: any)
     after    once training and the final saves ended (epoch: any)
 
-The ways: exit (os._exit(3)), kill (SIGKILL), term (SIGTERM, Python's
-default: the process ends).
+The ways: exit (os._exit(3)), kill (SIGKILL), term (SIGTERM, then
+SIGKILL after a grace of GRACE_SECONDS, as Kubernetes and Slurm stop a
+process: in a job of several processes TensorFlow's coordination service
+catches SIGTERM, its preemption notice, and the process goes on).
 """
 
 import os
@@ -26,6 +28,7 @@ ENVIRONMENT = "FAULTS"
 MOMENTS = ("batch", "save", "restore", "after")
 WAYS = ("exit", "kill", "term")
 ANY_EPOCH = -1
+GRACE_SECONDS = 3
 
 
 def spec(attempt, rank, moment, epoch, way):
@@ -66,5 +69,6 @@ def end(way):
         os.kill(os.getpid(), signal.SIGKILL)
     elif way == "term":
         os.kill(os.getpid(), signal.SIGTERM)
-        time.sleep(60)  # the default handler ends the process first
+        time.sleep(GRACE_SECONDS)
+        os.kill(os.getpid(), signal.SIGKILL)
     os._exit(3)
