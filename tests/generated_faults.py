@@ -5,10 +5,12 @@ launch -np 2`) × where each fault lands (tests/fault_points.py's moments,
 at an epoch) × its victim (the chief, a worker, both) × its way (exit,
 SIGKILL, SIGTERM) × faults per job (1 or 2, the second on the restarted
 attempt). The oracle knows nothing of tfdtape: the job run uninterrupted.
-A faulted job, launched with one restart per faulted attempt, ends with
-every process at 0, the uninterrupted job's variables on every rank
-bitwise, the same files in its directory, nothing half-written left, and,
-where its last fault came after training ended, no epoch trained again.
+Every drawn fault is reached (its epoch at or after the epoch its attempt
+resumes at). A faulted job, launched with one restart per fault, restarts
+once per fault and ends with every process at 0, the uninterrupted job's
+variables on every rank bitwise, the same files in its directory, nothing
+half-written left, and its last attempt training exactly the epochs after
+the last whole backup (none where the last fault came after training).
 
 The jobs:
 
@@ -62,10 +64,11 @@ class Case:
     def restarts(self):
         return len(self.faults)
 
-    def ends_after_training(self):
-        """Whether the last fault came once training had ended: the last
-        attempt must then train no epoch."""
-        return self.faults[-1].moment == "after"
+    def resumed_epochs(self):
+        """The epochs the last attempt trains: from the epoch after the last
+        whole backup (a fault in batch 1 of epoch E or inside epoch E's
+        backup leaves epoch E-1's; one after training leaves the end)."""
+        return list(range(_resume_epoch(self.faults), EPOCHS))
 
     def describe(self):
         return f"case {self.index} ({self.job}; " + "; ".join(
@@ -80,19 +83,34 @@ def draw(seed, count):
     return [_case(rng, index, JOBS[index % len(JOBS)]) for index in range(count)]
 
 
+def _resume_epoch(faults):
+    resume = 0
+    for fault in faults:
+        if fault.moment in ("batch", "save"):
+            resume = fault.epoch
+        elif fault.moment == "after":
+            resume = EPOCHS
+    return resume
+
+
 def _case(rng, index, job):
-    faults = [_fault(rng, job, 0, first=True)]
+    faults = [_fault(rng, job, 0, resume=0)]
     if rng.random() < 0.5 and faults[0].moment != "after":
-        faults.append(_fault(rng, job, 1, first=False))
+        faults.append(_fault(rng, job, 1, resume=_resume_epoch(faults)))
     return Case(index, job, tuple(faults))
 
 
-def _fault(rng, job, attempt, first):
-    moments = [m for m in MOMENTS_OF[job] if not (first and m == "restore")]
-    moment = rng.choice(moments)  # attempt 0 restores nothing
+def _fault(rng, job, attempt, resume):
+    """A fault the attempt reaches: its epoch at or after the attempt's
+    first (`resume`); a restore only where there is one (a later attempt;
+    the fit job restores only a backup that exists)."""
+    moments = [m for m in MOMENTS_OF[job]
+               if not (m == "restore" and (attempt == 0 or (job == "fit" and resume == 0)))
+               and not (m == "save" and resume >= EPOCHS - 1)]
+    moment = rng.choice(moments)
     epoch = fault_points.ANY_EPOCH
     if moment == "batch":
-        epoch = rng.randrange(EPOCHS)
+        epoch = rng.randrange(resume, EPOCHS)
     elif moment == "save":
-        epoch = rng.randrange(EPOCHS - 1)  # the last epoch's backup is the final one
+        epoch = rng.randrange(resume, EPOCHS - 1)  # the last epoch's backup is the final one
     return Fault(attempt, rng.choice(VICTIMS), moment, epoch, rng.choice(fault_points.WAYS))

@@ -132,8 +132,8 @@ def callbacks_of(keras, directory, fault, epochs_run, rank):
 
         def load_then_die(model, filepath, *args, **kwargs):
             loaded = load_weights(model, filepath, *args, **kwargs)
-            if str(filepath).startswith(backup):
-                fault_points.reach(rank, "restore")
+            if os.path.basename(str(filepath)) == "latest.weights.h5":  # the backup's
+                fault_points.reach(rank, "restore")  # (tfdtape's private copy of it)
             return loaded
 
         keras.Model.load_weights = load_then_die

@@ -86,18 +86,15 @@ def run_processes(tf_configs, arguments, time_limit, env=None, envs=None):
             except subprocess.TimeoutExpired:
                 for other in processes[len(outputs):]:  # faulthandler prints the stacks
                     other.send_signal(signal.SIGABRT)
+                grace = time.monotonic() + 10
                 for other in processes[len(outputs):]:
-                    try:
-                        outputs.append(other.communicate(timeout=10))
-                    except subprocess.TimeoutExpired:
-                        other.kill()
-                        outputs.append(other.communicate())
-                written = [err[-3000:] for _, err in outputs]
+                    outputs.append(_output_after_abort(other, grace))
                 raise AssertionError(
                     f"the cluster ran past its time limit of {time_limit} s: every worker "
-                    "was killed; their stderr ends:\n" + "\n".join(
-                        f"--- worker {index}:\n{text}" for index, text in enumerate(written))
-                ) from None
+                    "was stopped; their exit statuses and the end of their stderr:\n" +
+                    "\n".join(f"--- worker {index} ({process.returncode}):\n{err[-3000:]}"
+                               for index, (process, (_, err)) in
+                               enumerate(zip(processes, outputs)))) from None
         for process, (_, err) in zip(processes, outputs):
             assert process.returncode == 0, err[-3000:]
         return [json.loads(out.strip().splitlines()[-1]) for out, _ in outputs]
@@ -106,3 +103,17 @@ def run_processes(tf_configs, arguments, time_limit, env=None, envs=None):
             if process.poll() is None:
                 process.kill()
                 process.wait()
+
+
+def _output_after_abort(process, grace):
+    """(stdout, stderr) of a worker sent SIGABRT: what it wrote by `grace`
+    (a monotonic deadline), else killed; a pipe that a process it started
+    still holds open is given up after 5 s more."""
+    try:
+        return process.communicate(timeout=max(0.1, grace - time.monotonic()))
+    except subprocess.TimeoutExpired:
+        process.kill()
+    try:
+        return process.communicate(timeout=5)
+    except subprocess.TimeoutExpired:
+        return "", "(its pipes are held open by a process it started)"

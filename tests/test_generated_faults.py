@@ -54,11 +54,12 @@ def test_a_faulted_job_ends_as_the_uninterrupted_job(case, tmp_path, tmp_path_fa
                               env={fault_points.ENVIRONMENT: case.environment()})
     where = case.describe()
     assert job.status == 0, f"{where}: the launch ended with {job.status}:\n{job.stderr[-3000:]}"
+    assert job.stderr.count("restarting every process") == case.restarts(), (
+        f"{where}: a fault was not reached\n{job.stderr[-3000:]}")
     assert sorted(job.ranks) == [0, 1], where
     for rank, result in job.ranks.items():
         assert result["variables"] == whole.ranks[0]["variables"], f"{where}: rank {rank}"
-        if case.ends_after_training():
-            assert result["epochs"] == [], f"{where}: rank {rank} trained again"
+        assert result["epochs"] == case.resumed_epochs(), f"{where}: rank {rank}'s epochs"
     assert listing(directory) == listing(whole_directory), where
     assert leftovers(directory) == [], where
 
@@ -74,5 +75,9 @@ def test_the_grammar_reaches_every_job_moment_victim_and_way():
     assert {fault.way for fault in faults} == set(fault_points.WAYS)
     assert {len(case.faults) for case in drawn} == {1, 2}
     assert all(fault.moment != "restore" for case in drawn for fault in case.faults[:1])
+    for case in drawn:  # every fault is reached: its epoch is one its attempt trains
+        if len(case.faults) == 2 and case.faults[1].epoch != fault_points.ANY_EPOCH:
+            assert case.faults[1].epoch >= case.faults[0].epoch, case.describe()
+    assert generated_faults.draw(CI_SEED, 1)[0].resumed_epochs() == [1, 2, 3]
     assert [case.job for case in generated_faults.draw(CI_SEED, CI_CASES)] == [
         "fit", "loop", "horovod"]

@@ -880,6 +880,55 @@ def test_a_fit_that_ran_no_batch_broadcasts_the_model_and_optimizer_at_its_end(
     assert [(len(variables), root) for variables, root in broadcasts] == [
         (2, 1), (2 + len(slots), 1)]
     assert {id(v) for v in slots} <= {id(v) for v in broadcasts[1][0]}
+    broadcasts.clear()  # a later fit: its first batch does not hand them out again
+    model.fit(np.ones((4, 2), np.float32), np.zeros((4, 1), np.float32), epochs=1,
+              verbose=0, callbacks=[hvd_keras.callbacks.BroadcastGlobalVariablesCallback(1)])
+    assert [len(variables) for variables, _ in broadcasts] == [2, 2 + len(slots)]
+
+
+def test_a_fit_that_ran_no_batch_leaves_what_it_cannot_build_to_the_next_fit(
+        alone, monkeypatch):
+    """The broadcast at the end of a fit that ran no batch: a model not
+    built has nothing to hand out (its optimizer is not built on nothing),
+    and an optimizer without `build` (tf_keras's legacy ones) waits for the
+    next fit's first batch, which then hands both out."""
+    import tfdtape.horovod.keras as hvd_keras
+    from tfdtape.horovod import ops
+    broadcasts = []
+    monkeypatch.setattr(ops, "broadcast_variables",
+                        lambda variables, root: broadcasts.append(len(list(variables))))
+    keras = tf.keras
+
+    class Subclassed(keras.Model):
+        def __init__(self):
+            super().__init__()
+            self.dense = keras.layers.Dense(1)
+
+        def call(self, x):
+            return self.dense(x)
+
+    unbuilt = Subclassed()
+    optimizer = keras.optimizers.SGD(0.1, momentum=0.9)
+    unbuilt.compile(optimizer=optimizer, loss="mse")
+    callback = hvd_keras.callbacks.BroadcastGlobalVariablesCallback(0)
+    unbuilt.fit(np.ones((4, 2), np.float32), np.zeros((4, 1), np.float32), epochs=2,
+                initial_epoch=2, verbose=0, callbacks=[callback])
+    assert broadcasts == [] and not callback.broadcast_done
+    unbuilt.fit(np.ones((4, 2), np.float32), np.zeros((4, 1), np.float32), epochs=1,
+                verbose=0, callbacks=[callback])  # trains: the optimizer was not spoiled
+    assert callback.broadcast_done and len(broadcasts) == 1 and broadcasts[0] > 2
+    if is_keras3(keras):
+        return  # Keras 3 has no legacy optimizers
+    broadcasts.clear()
+    model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+    model.compile(optimizer=keras.optimizers.legacy.SGD(0.1, momentum=0.9), loss="mse")
+    callback = hvd_keras.callbacks.BroadcastGlobalVariablesCallback(0)
+    model.fit(np.ones((4, 2), np.float32), np.zeros((4, 1), np.float32), epochs=2,
+              initial_epoch=2, verbose=0, callbacks=[callback])
+    assert broadcasts == [2, 2] and not callback.broadcast_done  # the model's, twice
+    model.fit(np.ones((4, 2), np.float32), np.zeros((4, 1), np.float32), epochs=1,
+              verbose=0, callbacks=[callback])
+    assert callback.broadcast_done and broadcasts[2:] == [2, 2 + 3]
 
 
 def test_elastic_restore_of_a_save_made_before_the_optimizers_first_step(

@@ -37,7 +37,9 @@ class BroadcastGlobalVariablesCallback(_callback_base()):
     process keeps. A `fit` that ran no batch (a restarted job resuming at
     its last epoch) broadcasts both at its end instead, the optimizer built
     first where it has no variables yet, so every process ends holding
-    `root_rank`'s state (Horovod's callback leaves the others' own)."""
+    `root_rank`'s state (Horovod's callback leaves the others' own); a
+    legacy optimizer (no `build`) and a model not built yet wait for the
+    next fit's first batch."""
 
     def __init__(self, root_rank, device="", local_variables=None):
         super().__init__()
@@ -65,14 +67,16 @@ class BroadcastGlobalVariablesCallback(_callback_base()):
             self.broadcast_done = True
 
     def on_train_end(self, logs=None):
-        if self.broadcast_done:
-            return
+        if self.broadcast_done or not getattr(self.model, "built", True) or \
+                not self.model.trainable_variables:
+            return  # nothing built to hand out: the next fit's first batch does
         optimizer = getattr(self.model, "optimizer", None)
-        with_optimizer = optimizer is not None and hasattr(optimizer, "build")
-        built = getattr(optimizer, "built", getattr(optimizer, "_built", False))  # Keras 3, 2
-        if with_optimizer and not built:
+        if optimizer is None or not hasattr(optimizer, "build"):
+            self._broadcast(with_optimizer=False)  # a legacy optimizer: at the next
+            return  # fit's first batch, once it has variables on every process
+        if not getattr(optimizer, "built", getattr(optimizer, "_built", False)):  # Keras 3, 2
             optimizer.build(self.model.trainable_variables)
-        self._broadcast(with_optimizer=with_optimizer)
+        self._broadcast(with_optimizer=True)
         self.broadcast_done = True
 
 
