@@ -303,6 +303,9 @@ def test_strategy_without_a_resolver_spans_a_slurm_step():
 
 def test_horovod_init_in_an_evaluator_is_refused(monkeypatch):
     import tfdtape.horovod as hvd
+    from tfdtape.horovod import basics
+    hvd.shutdown()
+    monkeypatch.setattr(basics, "_joined", None)  # the job an earlier test joined
     cluster = {"chief": ["a:1"], "worker": ["b:2"], "evaluator": ["d:4"]}
     monkeypatch.setenv("TF_CONFIG", tf_config(cluster, "evaluator", 0)["TF_CONFIG"])
     with pytest.raises(RuntimeError, match=r"^tfdtape: init\(\) in TF_CONFIG's evaluator "
