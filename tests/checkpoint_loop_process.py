@@ -6,9 +6,8 @@ as the tutorial does), with the tape around `strategy.run` (tfdtape).
 Run by tests/test_checkpoint_loop.py under `tfdtape launch -np N
 [--max-restarts K]` (TF_CONFIG set: MultiWorkerMirroredStrategy, each
 worker its rows of every global batch), or alone (the one-device reference
-on the global batches). With FAIL=RANK:EPOCH, on the launch's first attempt
-process RANK ends with os._exit(3) as batch 1 of epoch EPOCH begins.
-FAULTS plans more (tests/fault_points.py): at batch 1 of an epoch, inside
+on the global batches). FAULTS ends processes (tests/fault_points.py): at
+batch 1 of an epoch, inside
 an epoch's save (its checkpoint written, the manager's state not yet),
 right after the restore, after the final save.
 Prints one JSON object: the rank, the epochs this process ran, every model
@@ -40,8 +39,6 @@ def main():
         rank, workers = strategy.cluster_resolver.task_id, strategy.num_replicas_in_sync
     else:
         strategy, rank, workers = tf.distribute.get_strategy(), 0, 1
-    failing = os.environ.get("FAIL") if os.environ.get("TFDTAPE_RESTART_COUNT") == "0" else None
-    fail_rank, fail_epoch = map(int, failing.split(":")) if failing else (None, None)
     rng = np.random.default_rng(6)
     features = rng.normal(size=(BATCHES * GLOBAL_BATCH, 3)).astype(np.float32)
     labels = features @ np.array([[1.0], [-2.0], [0.5]], np.float32) + 1.0
@@ -89,9 +86,6 @@ def main():
     for current in range(int(epoch.numpy()), EPOCHS):
         epochs_run.append(current)
         for batch, (x, y) in enumerate(dataset):
-            if rank == fail_rank and current == fail_epoch and batch == 1:
-                sys.stdout.flush()
-                os._exit(3)
             if batch == 1:
                 fault_points.reach(rank, "batch", current)
             step(x, y)

@@ -36,6 +36,12 @@ def spec(attempt, rank, moment, epoch, way):
     return f"{attempt}:{rank}:{moment}:{epoch}:{way}"
 
 
+def plan(*faults):
+    """Adds `faults` (as `spec` writes them) to this process's FAULTS."""
+    os.environ[ENVIRONMENT] = ",".join(filter(None, [os.environ.get(ENVIRONMENT, ""),
+                                                     *faults]))
+
+
 def planned(rank, environ=None):
     """{(moment, epoch): way} of this process on this attempt."""
     environ = os.environ if environ is None else environ

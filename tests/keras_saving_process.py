@@ -21,10 +21,10 @@ job writes (every worker the same paths, unless --backup-per-rank), and
   --forget-finished      keep no copy of an ended fit's backup for a restarted
                          attempt (keras3_finished_training off: the control)
 
-FAULTS in the environment plans more faults (tests/fault_points.py): at
-batch 1 of an epoch, inside an epoch's backup write (as --die's write),
-inside the backup's restore (its weights loaded, before the epoch is
-read), after the final files.
+--die is a fault of tests/fault_points.py; FAULTS in the environment plans
+more: at batch 1 of an epoch, inside an epoch's backup write, inside the
+backup's restore (its weights loaded, before the epoch is read), after the
+final files.
 
 Callbacks: BackupAndRestore(DIRECTORY/backup), ModelCheckpoint
 (DIRECTORY/ckpt-{epoch:02d}.weights.h5, weights only) and ModelCheckpoint
@@ -38,7 +38,6 @@ import argparse
 import json
 import os
 import shutil
-import signal
 import sys
 import tempfile
 
@@ -74,27 +73,20 @@ def first_copy(variable):
     return np.asarray(value).tolist()
 
 
-class Fault:
-    """Ends this process where --die says."""
-
-    def __init__(self, rank, spec):
-        self.armed = spec is not None and os.environ.get("TFDTAPE_RESTART_COUNT", "0") == "0"
-        if self.armed:
-            dying, epoch, self.how = spec.split(":")
-            self.armed = int(dying) == rank
-            self.epoch = int(epoch)
-
-    def end(self):
-        sys.stdout.flush()
-        if self.how == "kill":
-            os.kill(os.getpid(), signal.SIGKILL)
-        os._exit(3)
-
-    def during_write(self, epoch):
-        return self.armed and self.how == "write" and epoch == self.epoch
+DIE_AS = {"exit": ("batch", "exit"), "kill": ("batch", "kill"), "write": ("save", "exit"),
+          "after": ("after", "exit")}
+"""--die's HOW as a fault of tests/fault_points.py: (moment, way)."""
 
 
-def callbacks_of(keras, directory, fault, epochs_run, rank):
+def plan_die(spec):
+    """Plans --die RANK:EPOCH:HOW for attempt 0."""
+    rank, epoch, how = spec.split(":")
+    moment, way = DIE_AS[how]
+    fault_points.plan(fault_points.spec(
+        0, int(rank), moment, fault_points.ANY_EPOCH if moment == "after" else int(epoch), way))
+
+
+def callbacks_of(keras, directory, epochs_run, rank):
     backup = os.path.join(directory, "backup")
     epoch_now = {}
 
@@ -104,25 +96,20 @@ def callbacks_of(keras, directory, fault, epochs_run, rank):
             epoch_now["epoch"] = epoch
 
         def on_train_batch_begin(self, batch, logs=None):
-            if (fault.armed and fault.how in ("exit", "kill") and batch == 1
-                    and epoch_now["epoch"] == fault.epoch):
-                fault.end()
             if batch == 1:
                 fault_points.reach(rank, "batch", epoch_now["epoch"])
 
     backup_callback = keras.callbacks.BackupAndRestore(backup)
     planned = fault_points.planned(rank)
-    if (fault.armed and fault.how == "write") or any(m == "save" for m, _ in planned):
+    if any(m == "save" for m, _ in planned):
         save_weights = keras.Model.save_weights
 
         def partial_then_die(model, filepath, *args, **kwargs):
             way = fault_points.due(rank, "save", epoch_now["epoch"])
-            if "latest" in str(filepath) and (fault.during_write(epoch_now["epoch"]) or way):
+            if "latest" in str(filepath) and way:
                 if rank == 0:  # the chief writes the job's backup; the others' go nowhere
                     with open(filepath, "wb") as file:
                         file.write(b"\x89HDF\r\n\x1a\n partial")
-                if way is None:
-                    fault.end()
                 fault_points.end(way)
             return save_weights(model, filepath, *args, **kwargs)
 
@@ -180,7 +167,8 @@ def main():
     if "TF_CONFIG" in os.environ:
         rank = json.loads(os.environ["TF_CONFIG"])["task"]["index"]
         strategy = tf.distribute.MultiWorkerMirroredStrategy()
-    fault = Fault(rank, arguments.die)
+    if arguments.die:
+        plan_die(arguments.die)
     directory = arguments.directory
     if arguments.per_rank:
         directory = os.path.join(directory, f"rank-{rank}")
@@ -189,7 +177,7 @@ def main():
     with strategy.scope():
         model = build(keras)
     model.fit(FEATURES, LABELS, batch_size=GLOBAL_BATCH, epochs=EPOCHS, shuffle=False,
-              verbose=0, callbacks=callbacks_of(keras, directory, fault, epochs_run, rank))
+              verbose=0, callbacks=callbacks_of(keras, directory, epochs_run, rank))
     if arguments.legacy and rank != 0:  # TensorFlow's tutorial: tf_keras's save races
         directory = tempfile.mkdtemp()
     model.save(os.path.join(directory, "final.keras"))
@@ -198,8 +186,6 @@ def main():
         shutil.rmtree(directory)
     if not arguments.legacy:
         model.export(os.path.join(directory, "exported"), verbose=False)
-    if fault.armed and fault.how == "after":
-        fault.end()
     fault_points.reach(rank, "after")
     optimizer_variables = model.optimizer.variables
     if callable(optimizer_variables):  # tf_keras

@@ -28,7 +28,8 @@ def test_a_custom_loop_resumes_from_the_chiefs_checkpoint_after_a_restart(
     for name in ("restarted", "alone"):
         (tmp_path / name).mkdir()
     uninterrupted = restart_jobs.uninterrupted("loop", tmp_path_factory)[1].ranks
-    job = restart_jobs.launch("loop", tmp_path / "restarted", restarts=1, env={"FAIL": "1:2"})
+    job = restart_jobs.launch("loop", tmp_path / "restarted", restarts=1,
+                              env={"FAULTS": "0:1:batch:2:exit"})
     assert job.status == 0, job.stderr[-3000:]
     restarted, stderr = job.ranks, job.stderr
     assert "tfdtape launch: rank 1 exited with status 3;" in stderr

@@ -844,7 +844,7 @@ def test_horovods_checkpoint_on_rank_0_resumes_a_restarted_job(tmp_path, tmp_pat
     (tmp_path / "restarted").mkdir()
     uninterrupted = restart_jobs.uninterrupted("horovod", tmp_path_factory)[1].ranks
     job = restart_jobs.launch("horovod", tmp_path / "restarted", restarts=1,
-                              env={"FAIL": "1:2"})
+                              env={"FAULTS": "0:1:batch:2:exit"})
     assert job.status == 0, job.stderr[-3000:]
     restarted, stderr = job.ranks, job.stderr
     assert "restarting every process (attempt 1 of 1)" in stderr

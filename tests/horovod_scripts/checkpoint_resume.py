@@ -4,9 +4,8 @@ checkpoints the whole model every epoch (ModelCheckpoint); at start rank 0
 looks for the last checkpoint, `hvd.broadcast` tells every rank its epoch,
 rank 0 resumes with `hvd.load_model` (the optimizer's state too), the
 others build the model afresh, and BroadcastGlobalVariablesCallback hands
-out rank 0's variables. With FAIL=RANK:EPOCH, on the launch's first attempt
-process RANK ends with os._exit(3) as batch 1 of epoch EPOCH begins.
-FAULTS plans more (tests/fault_points.py): at batch 1 of an epoch, right
+out rank 0's variables. FAULTS ends processes (tests/fault_points.py): at
+batch 1 of an epoch, right
 after the resume (rank 0's checkpoint loaded), after `fit`.
 Prints one JSON object: the rank, the epochs this attempt ran, every model
 and optimizer variable.
@@ -36,8 +35,6 @@ features = rng.normal(size=(BATCHES * ROWS * size, 3)).astype(np.float32)
 labels = features @ np.array([[1.0], [-2.0], [0.5]], np.float32) + 1.0
 mine = np.concatenate([np.arange(b * ROWS * size + rank * ROWS, b * ROWS * size + (rank + 1) * ROWS)
                        for b in range(BATCHES)])
-failing = os.environ.get("FAIL") if os.environ.get("TFDTAPE_RESTART_COUNT") == "0" else None
-fail_rank, fail_epoch = map(int, failing.split(":")) if failing else (None, None)
 
 resume_from_epoch = 0
 for try_epoch in range(EPOCHS, 0, -1):
@@ -65,9 +62,6 @@ class Probe(keras.callbacks.Callback):
         self.epoch = epoch
 
     def on_train_batch_begin(self, batch, logs=None):
-        if rank == fail_rank and self.epoch == fail_epoch and batch == 1:
-            sys.stdout.flush()
-            os._exit(3)
         if batch == 1:
             fault_points.reach(rank, "batch", self.epoch)
 
