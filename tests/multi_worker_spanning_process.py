@@ -124,6 +124,33 @@ def run_case(strategy, task, case):
             "none_gradients": nones[-1] if nones else None}
 
 
+def transfers_of_no_rows(strategy, task):
+    """What the job's collectives give for tensors of no elements made from
+    NumPy, and for worker 0's batch of no rows beside worker 1's two
+    (tfdtape.empty_collectives; stock TensorFlow 2.21 ends the process):
+    each result's shape and values."""
+    def empty():
+        return tf.constant(np.empty((0, 3), np.float32))
+
+    def rows():
+        return tf.constant(np.full((2 * task, 3), float(task + 1), np.float32))
+
+    def all_reduced():
+        return strategy.run(lambda: tf.distribute.get_replica_context().all_reduce(
+            "SUM", empty()))
+
+    found = {
+        "reduce": strategy.reduce("SUM", strategy.run(empty), axis=None),
+        "all_reduce": strategy.experimental_local_results(all_reduced())[0],
+        "gather": strategy.gather(strategy.run(empty), axis=0),
+        "gather_traced": tf.function(
+            lambda: strategy.gather(strategy.run(empty), axis=0))(),
+        "gather_uneven": strategy.gather(strategy.run(rows), axis=0),
+    }
+    return {name: [list(value.shape), value.numpy().tolist()]
+            for name, value in found.items()}
+
+
 def main():
     cases = json.loads(sys.argv[1])
     task = json.loads(os.environ["TF_CONFIG"])["task"]["index"]
@@ -131,7 +158,8 @@ def main():
     results = [run_case(strategy, task, case) for case in cases]
     print(json.dumps({"task": task, "workers": strategy.extended._num_workers,
                       "replicas": strategy.num_replicas_in_sync,
-                      "results": results}))
+                      "results": results,
+                      "no_rows": None if STOCK else transfers_of_no_rows(strategy, task)}))
     return 0
 
 

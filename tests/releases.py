@@ -27,3 +27,15 @@ def unresolved_container_error(call):
     if call == "watch_variable" and RELEASE >= (2, 23):
         return ValueError, HANDLE_UNAVAILABLE
     return SystemError, "<built-in method "
+
+
+def empty_all_gather_ends_the_process():
+    """Whether stock TensorFlow's collective all-gather of a tensor of no
+    elements ends the process with SIGSEGV (tfdtape.empty_collectives):
+    measured on 2.21 and the pinned 2.23 nightly (it does), and on 2.12.1
+    (it gathers the tensor); None for the releases between, not measured."""
+    if RELEASE >= (2, 21):
+        return True
+    if RELEASE <= (2, 12):
+        return False
+    return None

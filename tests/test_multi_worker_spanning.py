@@ -77,15 +77,20 @@ there alone (the others all-reduce zeros for it); outside them no one count
 of it is the job's (refused on every worker)."""
 
 
-def run_cluster(workers, cases, stock=False):
-    """Each worker's results for `cases` (one fresh cluster)."""
+def cluster_reports(workers, cases, stock=False):
+    """Each worker's report for `cases` (one fresh cluster)."""
     arguments = [PROCESS, json.dumps(cases)] + (["--stock"] if stock else [])
-    results = loopback.run_processes(
+    reports = loopback.run_processes(
         loopback.worker_configs(workers), arguments, TIME_LIMIT,
         env={"TFDTAPE_AUTOINSTALL": "0"} if stock else None)
-    assert [r["task"] for r in results] == list(range(workers))
-    assert {r["replicas"] for r in results} == {workers}
-    return [r["results"] for r in results]
+    assert [r["task"] for r in reports] == list(range(workers))
+    assert {r["replicas"] for r in reports} == {workers}
+    return reports
+
+
+def run_cluster(workers, cases, stock=False):
+    """Each worker's results for `cases` (one fresh cluster)."""
+    return [r["results"] for r in cluster_reports(workers, cases, stock)]
 
 
 def assert_trained_like_one_device(results, cases):
@@ -105,11 +110,19 @@ def assert_trained_like_one_device(results, cases):
         assert moved[:trained] == [True] * trained, chosen
 
 
+TWO_WORKER_CASES = TRAINING + TUTORIAL + REFUSED + PARTLY
+
+
 @pytest.fixture(scope="module")
-def two_workers():
+def two_workers_reports():
+    """Each worker's report of TWO_WORKER_CASES on a 2-worker cluster with tfdtape."""
+    return cluster_reports(2, TWO_WORKER_CASES)
+
+
+@pytest.fixture(scope="module")
+def two_workers(two_workers_reports):
     """The cases on a 2-worker cluster with tfdtape: (results, cases)."""
-    cases = TRAINING + TUTORIAL + REFUSED + PARTLY
-    return run_cluster(2, cases), cases
+    return [r["results"] for r in two_workers_reports], TWO_WORKER_CASES
 
 
 def results_of(run, wanted):
@@ -120,6 +133,18 @@ def results_of(run, wanted):
 
 def test_two_workers_train_like_one_device_on_the_global_batch(two_workers):
     assert_trained_like_one_device(results_of(two_workers, TRAINING), TRAINING)
+
+
+def test_collectives_of_no_rows_give_numpys_result_on_every_worker(two_workers_reports):
+    """Issue 51: on stock TensorFlow 2.21 each of these ends the process with
+    SIGSEGV (tfdtape.empty_collectives; the in-process control is
+    tests/test_empty_collectives.py's). Worker 0's batch of no rows beside
+    worker 1's two rows gathers as NumPy concatenates them."""
+    no_rows = [[0, 3], []]
+    for report in two_workers_reports:
+        assert report["no_rows"] == {
+            "reduce": no_rows, "all_reduce": no_rows, "gather": no_rows,
+            "gather_traced": no_rows, "gather_uneven": [[2, 3], [[2.0] * 3] * 2]}
 
 
 def test_a_variable_the_loss_does_not_use_is_none_on_every_worker(two_workers):

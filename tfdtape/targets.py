@@ -29,6 +29,7 @@ from collections.abc import Callable
 
 from tensorflow.python import pywrap_tfe
 from tensorflow.python.distribute import collective_all_reduce_strategy
+from tensorflow.python.distribute import cross_device_utils
 from tensorflow.python.distribute import distribute_lib
 from tensorflow.python.distribute import merge_call_interim
 from tensorflow.python.distribute import mirrored_run
@@ -44,6 +45,7 @@ from tfdtape import captured_inputs
 from tfdtape import collectives
 from tfdtape import compat
 from tfdtape import cross_replica_reads
+from tfdtape import empty_collectives
 from tfdtape import errors
 from tfdtape import gradient_tape
 from tfdtape import keras2_aggregation
@@ -379,6 +381,12 @@ def patch_targets():
         PatchTarget(distribute_lib.StrategyExtendedV2, "_gather_to",
                     ("self", "value", "destinations", "axis", "options"),
                     collectives.make_gather_to),
+        PatchTarget(cross_device_utils.CollectiveReplicaLauncher, "all_reduce",
+                    empty_collectives.ALL_REDUCE_PARAMETERS,
+                    empty_collectives.make_all_reduce),
+        PatchTarget(cross_device_utils.CollectiveReplicaLauncher, "_all_gather",
+                    empty_collectives.ALL_GATHER_PARAMETERS,
+                    empty_collectives.make_all_gather),
         PatchTarget(values_lib.MirroredVariable, "_get_cross_replica", ("self",),
                     cross_replica_reads.make_get_cross_replica),
         PatchTarget(collective_all_reduce_strategy.CollectiveAllReduceStrategy,
