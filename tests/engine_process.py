@@ -8,9 +8,6 @@ and prints one JSON object: its place in the job and the weights.
                       global batch, DistributedGradientTape
         strategy      MultiWorkerMirroredStrategy() (no resolver), Keras 3 fit
                       on the global batches
-        strategy_twice  the same, the strategy made twice as a program may (on
-                      TensorFlow 2.21; tf-nightly 2.23.0.dev20261026 hangs
-                      there at times, stock and under TF_CONFIG alike)
         distribution  keras.distribution.initialize(), DataParallel(), fit
         reference     one device on the global batches (the oracle)
         backup        MultiWorkerMirroredStrategy(), fit for EPOCHS epochs with
@@ -77,12 +74,11 @@ def horovod():
             "local_size": hvd.local_size(), "weights": weights(built)}
 
 
-def strategy(made=1):
+def strategy():
     import tensorflow as tf
 
     import tfdtape  # noqa: F401
-    for _ in range(made):
-        chosen = tf.distribute.MultiWorkerMirroredStrategy()
+    chosen = tf.distribute.MultiWorkerMirroredStrategy()
     import keras
     with chosen.scope():
         built = model(keras)
@@ -197,7 +193,6 @@ def reference():
 
 
 if __name__ == "__main__":
-    MODES = {"horovod": horovod, "strategy": strategy,
-             "strategy_twice": lambda: strategy(made=2), "distribution": distribution,
+    MODES = {"horovod": horovod, "strategy": strategy, "distribution": distribution,
              "reference": reference, "backup": backup, "ray": ray}
     print(json.dumps(MODES[sys.argv[1]]()), flush=True)

@@ -174,3 +174,55 @@ def test_stock_tensorflow_ends_the_process_on_the_same_gather():
     else:
         assert completed.returncode == 0, completed.stderr[-2000:]
         assert completed.stdout.splitlines()[-1] == "gathered (0, 3)"
+
+
+# Regressions found by the break-it review of the first version, which
+# chose padding from each member's static shape alone.
+
+def test_members_that_know_their_shapes_differently_still_transfer_alike(
+        collective_strategy):
+    """Replica 0's values and indices have a first dimension unknown when
+    tracing, the other replicas' are known (2 rows each when running), as a
+    worker that retraced a `tf.function` with relaxed shapes: every member
+    must send the same shape (the first version sent replica 0's padded:
+    'Shape mismatch in the collective instance')."""
+    strategy = collective_strategy
+
+    def replica_step():
+        context = tf.distribute.get_replica_context()
+        replica = tf.get_static_value(context.replica_id_in_sync_group)
+        values = tf.fill([2, 3], float(replica) + 1.0)
+        indices = tf.constant([0, 2], tf.int64)
+        if replica == 0:
+            values = tf.compat.v1.placeholder_with_default(values, [None, 3])
+            indices = tf.compat.v1.placeholder_with_default(indices, [None])
+        slices = tf.IndexedSlices(values, indices, tf.constant([4, 3], tf.int64))
+        return tf.convert_to_tensor(context.all_reduce("SUM", slices))
+
+    wanted = np.zeros((4, 3), np.float32)
+    wanted[[0, 2]] = sum(range(1, REPLICAS + 1))
+    for result in strategy.experimental_local_results(
+            tf.function(lambda: strategy.run(replica_step))()):
+        np.testing.assert_array_equal(result.numpy(), wanted)
+
+
+def test_an_all_reduce_traced_for_any_rows_takes_a_numpy_tensor_of_none(
+        collective_strategy):
+    """A `tf.function` retraced with a relaxed first dimension, then called
+    with tensors made from an empty NumPy array: stock TensorFlow 2.21 ends
+    the process with SIGSEGV (the first version let such a tensor through,
+    its static shape not saying it was empty)."""
+    strategy = collective_strategy
+
+    @tf.function(reduce_retracing=True)
+    def step(per_replica):
+        return strategy.run(
+            lambda x: tf.distribute.get_replica_context().all_reduce("SUM", x),
+            args=(per_replica,))
+
+    for rows in (2, 1, 0):
+        per_replica = strategy.experimental_distribute_values_from_function(
+            lambda context, rows=rows: tf.constant(np.ones((rows, 3), np.float32)))
+        for result in strategy.experimental_local_results(step(per_replica)):
+            np.testing.assert_array_equal(result.numpy(),
+                                          np.full((rows, 3), REPLICAS, np.float32))

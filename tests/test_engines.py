@@ -66,7 +66,7 @@ def assert_one_job_like_one_device(found, mode, reference):
         assert [r["replicas"] for r in found] == [2, 2]
 
 
-MODES = ["horovod", "strategy_twice", "distribution"]
+MODES = ["horovod", "strategy", "distribution"]
 
 
 @pytest.mark.parametrize("mode", MODES)

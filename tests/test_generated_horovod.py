@@ -1,4 +1,4 @@
-"""Generated Horovod programs (tests/generated_horovod.py) on 2 and 3
+"""Generated Horovod programs (tests/generated_horovod.py) on 2, 3 and 4
 launched processes against a NumPy oracle: every collective and grouped
 collective, reduction, dtype, scalars and empty tensors, scale factors,
 compression, process sets, eager and traced, uneven rows, splits and roots;
@@ -44,7 +44,7 @@ def search(request):
             request.config.getoption("--horovod-cases") or CI_CASES)
 
 
-@pytest.mark.parametrize("size", [2, 3])
+@pytest.mark.parametrize("size", [2, 3, 4])
 def test_generated_horovod_programs_match_numpy_on_every_process(request, size):
     seed, count = search(request)
     cases = gh.draw(seed, count, size)

@@ -17,6 +17,8 @@
   `framework/ops.py` before (2.12).
 - `stack` (`tf.stack`) is in `ops/array_ops_stack.py` from 2.13, in
   `ops/array_ops.py` in 2.12.
+- `cond` (`tf.cond`) is in `ops/cond.py` from 2.13, in
+  `ops/control_flow_ops.py` in 2.12.
 - The collective all-reduce of `IndexedSlices` across workers
   (`CollectiveReplicaLauncher.all_reduce_indexed_slices`) raises
   `RuntimeError` eagerly in 2.12 (TensorFlow pull request 53265 lifted
@@ -62,6 +64,12 @@ try:
 except ImportError:  # TensorFlow 2.12
     from tensorflow.python.ops.array_ops import stack  # noqa: F401 (the export)
 """`tf.stack`."""
+
+try:
+    from tensorflow.python.ops.cond import cond
+except ImportError:  # TensorFlow 2.12
+    from tensorflow.python.ops.control_flow_ops import cond  # noqa: F401 (the export)
+"""`tf.cond`."""
 
 EAGER_SPARSE_ALL_REDUCE = (
     "all_reduce_indexed_slices is not supported in eager mode." not in

@@ -6,33 +6,36 @@ by `CollectiveReplicaLauncher.all_reduce` or `._all_gather` (which
 `all_gather`, `batch_all_reduce` and `all_reduce_indexed_slices` call).
 TensorFlow's collective kernels end the process with SIGSEGV on some
 tensors of no elements: any all-gather, eagerly or in a `tf.function`, and
-an eager all-reduce of one made from an empty NumPy array (measured on
+an all-reduce of one made from an empty NumPy array, eagerly or traced
+for a shape not known then (measured on
 2.21 and the pinned nightly; 2.12.1 transfers them, the padding changes
 nothing there). A replica or worker whose last batch
 has no rows meets it in `strategy.gather`, `ReplicaContext.all_gather`,
 `ReplicaContext.all_reduce`, `strategy.reduce` and an embedding's gradient
 with no rows (`all_reduce_indexed_slices`).
 
-The replacements send such a tensor flat with one zero element after its
-own and take that element off what comes back, so the collective moves at
-least one element; the result has the shape, dtype and device TensorFlow's
-would have. A tensor that may be empty is one of no elements eagerly; in a
-graph, for an all-gather, one whose shape is not fully known or has no
-elements (TensorFlow's `all_gather` pads to a length known only when it
-runs, so every process decides alike), and for an all-reduce, one whose
-shape has no elements (all-reduces of a shape known only when running do
-not crash, and stay as TensorFlow issues them). Each replacement calls
-TensorFlow's function exactly once, so every process takes the same
-collective instance keys in the same order; any other tensor goes to
-TensorFlow's function unchanged.
+The replacements send such a tensor flat with one zero element and take
+that element off what comes back, so the collective moves at least one
+element; the result has the shape, dtype and device TensorFlow's would
+have. Every member of one collective holds a tensor of the same shape when
+it runs, but what each knows of that shape when tracing may differ (a
+`tf.function` one worker retraced with a relaxed shape, a replica's
+`IndexedSlices` of unknown length): so where the static shape says the
+tensor has elements it goes to TensorFlow's function unchanged, where it
+says none it is padded, and where it does not tell (graphs only) a `cond`
+pads it when it runs, the tensor itself sent otherwise. All members then
+send the same shape. Each replacement calls TensorFlow's function exactly
+once, so every process takes the same collective instance keys in the same
+order.
 """
 
 import functools
 
-from tensorflow.python.eager import context
 from tensorflow.python.framework import ops
 from tensorflow.python.framework import tensor_util
 from tensorflow.python.ops import array_ops
+
+from tfdtape import compat
 
 ALL_REDUCE_PARAMETERS = ("self", "input_tensor", "control_input", "options")
 ALL_GATHER_PARAMETERS = ("self", "input_tensor", "options")
@@ -47,21 +50,24 @@ def _as_tensor(launcher, value):
         return ops.convert_to_tensor(value)
 
 
-def _has_no_elements(tensor):
-    return tensor.shape.num_elements() == 0
+def _has_elements(tensor):
+    """Whether `tensor`'s static shape says it has elements."""
+    elements = tensor.shape.num_elements()
+    return elements is not None and elements > 0
 
 
-def _may_be_empty_gathered(tensor):
-    """Whether an all-gather sends `tensor` padded (the module's rule)."""
-    if context.executing_eagerly():
-        return _has_no_elements(tensor)
-    return not tensor.shape.is_fully_defined() or _has_no_elements(tensor)
+def _sent(tensor):
+    """What the collective gets for `tensor`, whose static shape does not say
+    it has elements: flat with one zero element where it has none, itself
+    otherwise (decided when running where the static shape does not tell)."""
+    def padded():
+        return array_ops.concat(
+            [array_ops.reshape(tensor, [-1]), array_ops.zeros([1], tensor.dtype)], 0)
 
-
-def _padded(tensor):
-    """`tensor` flat, with one zero element after its own."""
-    return array_ops.concat(
-        [array_ops.reshape(tensor, [-1]), array_ops.zeros([1], tensor.dtype)], 0)
+    if tensor.shape.num_elements() == 0:
+        return padded()
+    return compat.cond(array_ops.size(tensor) > 0,
+                       lambda: array_ops.identity(tensor), padded)
 
 
 def make_all_reduce(original):
@@ -72,32 +78,34 @@ def make_all_reduce(original):
         """TensorFlow's all-reduce of `input_tensor`; one of no elements
         travels padded with one (the module's rule)."""
         tensor = _as_tensor(self, input_tensor)
-        if not _has_no_elements(tensor):
+        if _has_elements(tensor):
             return original(self, input_tensor, control_input, options)
-        reduced = original(self, _padded(tensor), control_input, options)
+        reduced = original(self, _sent(tensor), control_input, options)
         with ops.device(self._device):
-            return array_ops.reshape(reduced[:-1], array_ops.shape(tensor))
+            flat = array_ops.reshape(reduced, [-1])[:array_ops.size(tensor)]
+            return array_ops.reshape(flat, array_ops.shape(tensor))
 
     return all_reduce
 
 
 def make_all_gather(original):
-    """`CollectiveReplicaLauncher._all_gather`, a tensor that may have no
-    elements padded (each process's part keeps its own padding until the
-    parts are apart again)."""
+    """`CollectiveReplicaLauncher._all_gather`, a tensor of no elements
+    padded (each member's part keeps its padding until the parts are apart
+    again)."""
 
     @functools.wraps(original)
     def _all_gather(self, input_tensor, options):
-        """TensorFlow's all-gather of `input_tensor`; one that may have no
-        elements travels padded with one (the module's rule)."""
+        """TensorFlow's all-gather of `input_tensor`; one of no elements
+        travels padded with one (the module's rule)."""
         tensor = _as_tensor(self, input_tensor)
-        if not _may_be_empty_gathered(tensor):
+        if _has_elements(tensor):
             return original(self, input_tensor, options)
-        gathered = original(self, _padded(tensor), options)
+        gathered = original(self, _sent(tensor), options)
         with ops.device(self._device):
             shape = array_ops.shape(tensor)
-            parts = array_ops.reshape(gathered, [self._group_size, -1])[:, :-1]
+            parts = array_ops.reshape(gathered, [self._group_size, -1])
+            own = parts[:, :array_ops.size(tensor)]
             return array_ops.reshape(
-                parts, array_ops.concat([[self._group_size * shape[0]], shape[1:]], 0))
+                own, array_ops.concat([[self._group_size * shape[0]], shape[1:]], 0))
 
     return _all_gather
