@@ -180,8 +180,8 @@ def test_reads_of_a_watched_module_are_recorded(made_up, monkeypatch):
 def test_compats_accessors_are_the_names_it_binds_for_either_release():
     from tfdtape import compat
     assert exercise_recorder.accessors(compat) == [
-        "EAGER_SPARSE_ALL_REDUCE", "HAS_RESOLVER_REGISTRY", "Tensor", "graph_assert",
-        "recording_module", "stack", "stop_recording", "strategy_context"]
+        "EAGER_SPARSE_ALL_REDUCE", "HAS_RESOLVER_REGISTRY", "Tensor", "cond",
+        "graph_assert", "recording_module", "stack", "stop_recording", "strategy_context"]
 
 
 def records(directory):
