@@ -4,7 +4,7 @@ one JSON line: the task and, per case, the weights (as floats and as the
 hex of their float32 bytes, for bitwise comparison between workers) and
 whether each gradient came back None, or the error the case raised.
 
-    python multi_worker_spanning_process.py CASES_JSON [--stock]
+    python multi_worker_spanning_process.py CASES_JSON [--stock] [--no-rows]
 
 --stock runs without tfdtape (TFDTAPE_AUTOINSTALL=0 is set by the caller):
 the control. Run by tests/test_multi_worker_spanning.py, one fresh process
@@ -25,6 +25,9 @@ import tensorflow as tf
 import worker_training as wt
 
 STOCK = "--stock" in sys.argv
+NO_ROWS = "--no-rows" in sys.argv
+"""Also report `transfers_of_no_rows` (with tfdtape only: stock TensorFlow
+2.21 ends the process there)."""
 if not STOCK:
     import tfdtape  # noqa: F401 (installs tfdtape)
 
@@ -159,7 +162,7 @@ def main():
     print(json.dumps({"task": task, "workers": strategy.extended._num_workers,
                       "replicas": strategy.num_replicas_in_sync,
                       "results": results,
-                      "no_rows": None if STOCK else transfers_of_no_rows(strategy, task)}))
+                      "no_rows": transfers_of_no_rows(strategy, task) if NO_ROWS else None}))
     return 0
 
 

@@ -77,9 +77,11 @@ there alone (the others all-reduce zeros for it); outside them no one count
 of it is the job's (refused on every worker)."""
 
 
-def cluster_reports(workers, cases, stock=False):
-    """Each worker's report for `cases` (one fresh cluster)."""
-    arguments = [PROCESS, json.dumps(cases)] + (["--stock"] if stock else [])
+def cluster_reports(workers, cases, stock=False, no_rows=False):
+    """Each worker's report for `cases` (one fresh cluster), with the
+    transfers of no rows where `no_rows`."""
+    arguments = ([PROCESS, json.dumps(cases)] + (["--stock"] if stock else [])
+                 + (["--no-rows"] if no_rows else []))
     reports = loopback.run_processes(
         loopback.worker_configs(workers), arguments, TIME_LIMIT,
         env={"TFDTAPE_AUTOINSTALL": "0"} if stock else None)
@@ -116,7 +118,7 @@ TWO_WORKER_CASES = TRAINING + TUTORIAL + REFUSED + PARTLY
 @pytest.fixture(scope="module")
 def two_workers_reports():
     """Each worker's report of TWO_WORKER_CASES on a 2-worker cluster with tfdtape."""
-    return cluster_reports(2, TWO_WORKER_CASES)
+    return cluster_reports(2, TWO_WORKER_CASES, no_rows=True)
 
 
 @pytest.fixture(scope="module")
