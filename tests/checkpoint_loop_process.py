@@ -87,7 +87,7 @@ def main():
         epochs_run.append(current)
         for batch, (x, y) in enumerate(dataset):
             if batch == 1:
-                fault_points.reach(rank, "batch", current)
+                fault_points.at_batch(rank, current)
             step(x, y)
         epoch.assign_add(1)
         manager.save()

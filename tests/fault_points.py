@@ -8,6 +8,13 @@ WAY. The moments a script offers:
 
     batch    as batch 1 of the epoch begins (the others wait in its
              all-reduce)
+    collective
+             inside batch 1's first collective: the victim enters the
+             step and is ended ARM_SECONDS later by a thread of its own,
+             while every process that is no victim holds back
+             HOLD_SECONDS before the batch, so the victim waits in the
+             collective for it (one victim: a collective in which every
+             process waits has no one late to wait for)
     save     inside the epoch's backup, between its weights and its
              metadata (the script's own way of writing half a backup)
     restore  inside the restore at the start of the attempt (epoch: any)
@@ -22,13 +29,16 @@ catches SIGTERM, its preemption notice, and the process goes on).
 import os
 import signal
 import sys
+import threading
 import time
 
 ENVIRONMENT = "FAULTS"
-MOMENTS = ("batch", "save", "restore", "after")
+MOMENTS = ("batch", "collective", "save", "restore", "after")
 WAYS = ("exit", "kill", "term")
 ANY_EPOCH = -1
 GRACE_SECONDS = 3
+ARM_SECONDS = 1.0
+HOLD_SECONDS = 4.0
 
 
 def spec(attempt, rank, moment, epoch, way):
@@ -43,7 +53,7 @@ def plan(*faults):
 
 
 def planned(rank, environ=None):
-    """{(moment, epoch): way} of this process on this attempt."""
+    """{(moment, epoch): way} of process `rank` on this attempt."""
     environ = os.environ if environ is None else environ
     attempt = environ.get("TFDTAPE_RESTART_COUNT", "0")
     found = {}
@@ -52,6 +62,16 @@ def planned(rank, environ=None):
         if on_attempt == attempt and int(on_rank) == rank:
             found[(moment, int(epoch))] = way
     return found
+
+
+def _victims_in_collective(epoch, environ=None):
+    """The ranks planned to end inside a collective of `epoch` on this
+    attempt (FAULTS is the same in every process of the launch)."""
+    environ = os.environ if environ is None else environ
+    attempt = environ.get("TFDTAPE_RESTART_COUNT", "0")
+    return {int(on_rank) for on_attempt, on_rank, moment, on_epoch, _ in (
+        item.split(":") for item in filter(None, environ.get(ENVIRONMENT, "").split(",")))
+        if on_attempt == attempt and moment == "collective" and int(on_epoch) == epoch}
 
 
 def due(rank, moment, epoch=ANY_EPOCH):
@@ -65,6 +85,17 @@ def reach(rank, moment, epoch=ANY_EPOCH):
     way = due(rank, moment, epoch)
     if way is not None:
         end(way)
+
+
+def at_batch(rank, epoch):
+    """The scripts' call as batch 1 of `epoch` begins: the moments `batch`
+    and `collective` (module doc)."""
+    reach(rank, "batch", epoch)
+    way = due(rank, "collective", epoch)
+    if way is not None:
+        threading.Timer(ARM_SECONDS, end, [way]).start()
+    elif _victims_in_collective(epoch):
+        time.sleep(HOLD_SECONDS)
 
 
 def end(way):

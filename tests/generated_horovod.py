@@ -8,7 +8,12 @@ scalars and tensors with no rows or elements, prescale and postscale,
 fp16 compression, a process set, eager or in a tf.function, uneven first
 dimensions, splits and roots; bool in the collectives that move values
 without reducing them; the gradient through an allreduce, allgather or
-broadcast under a tape, Horovod's). Every process of the job draws the same
+broadcast under a tape, Horovod's), or one training step's gradients:
+`DistributedGradientTape`'s, or a `DistributedOptimizer`'s updates over
+several calls (`TRAINING`: Sum or Average, gradient_predivide_factor,
+fp16 compression, `sparse_as_dense`, `backward_passes_per_step` with
+`average_aggregated_gradients`, an embedding's IndexedSlices gradient,
+processes with no rows). Every process of the job draws the same
 cases and makes every process's inputs from (seed, case, rank), so the
 oracle computes each process's expected result from the inputs alone:
 
@@ -25,7 +30,13 @@ import re
 import numpy as np
 
 KINDS = ("allreduce", "grouped_allreduce", "allgather", "grouped_allgather", "broadcast",
-         "alltoall", "reducescatter", "grouped_reducescatter")
+         "alltoall", "reducescatter", "grouped_reducescatter", "tape", "optimizer")
+TRAINING = ("tape", "optimizer")
+"""The kinds that train: a linear model of a dense weight (3, 2) and an
+embedding table (5, 2), whose loss on a process's rows is
+sum((x @ weight) * c) + sum(gather(table, ids) * d), so that its gradients
+are x^T c and the IndexedSlices (d, ids): small integers, exact."""
+LEARNING_RATE = 0.5
 OPS = ("Sum", "Average", "Min", "Max", "Product")
 DTYPES = ("float16", "bfloat16", "float32", "float64", "int32", "int64", "bool")
 TOLERANCE = {"float16": 2e-3, "bfloat16": 2e-2, "float32": 1e-6, "float64": 1e-12}
@@ -49,6 +60,11 @@ class Case:
     root: int  # broadcast's root, a rank of the set
     splits: tuple  # alltoall's splits per sender (() for equal parts)
     gradient: bool = False  # also differentiated under a tape (Horovod's gradients)
+    sparse_as_dense: bool = False  # TRAINING kinds' options from here on
+    predivide: float = 1.0
+    passes: int = 1  # backward_passes_per_step
+    average_passes: bool = False  # average_aggregated_gradients
+    steps: int = 1  # the optimizer's calls
 
 
 def draw(seed, count, size):
@@ -59,6 +75,8 @@ def draw(seed, count, size):
 
 def _case(rng, index, size):
     kind = rng.choice(KINDS)
+    if kind in TRAINING:
+        return _training_case(rng, index, size, kind)
     reducing = kind in ("allreduce", "grouped_allreduce", "reducescatter",
                         "grouped_reducescatter")
     op = (rng.choice(("Sum", "Average")) if "reducescatter" in kind
@@ -104,6 +122,23 @@ def _case(rng, index, size):
                           and compression == "none" and rng.random() < 0.5))
 
 
+def _training_case(rng, index, size, kind):
+    members = ()
+    if size >= 3 and rng.random() < 0.25:
+        members = tuple(sorted(rng.sample(range(size), 2)))
+    op = rng.choice(("Sum", "Average"))
+    passes = rng.choice((1, 1, 2, 3)) if kind == "optimizer" else 1
+    return Case(index=index, kind=kind, op=op, dtype=rng.choice(("float32", "float64")),
+                rows=tuple(rng.choice((0, 1, 2, 3)) for _ in range(size)), tail=(),
+                tensors=1, prescale=1.0, postscale=1.0,
+                compression="fp16" if rng.random() < 0.2 else "none",
+                traced=rng.random() < 0.4, members=members, root=0, splits=(),
+                sparse_as_dense=rng.random() < 0.5,
+                predivide=2.0 if op == "Average" and rng.random() < 0.3 else 1.0,
+                passes=passes, average_passes=passes > 1 and rng.random() < 0.5,
+                steps=rng.choice((1, 2, 3, 4)) if kind == "optimizer" else 1)
+
+
 def _cut(rng, rows, parts):
     """`rows` cut into `parts` counts (some may be 0)."""
     marks = sorted(rng.randint(0, rows) for _ in range(parts - 1))
@@ -134,11 +169,66 @@ def inputs(seed, case, rank):
     return found
 
 
+def initial_variables(seed, case):
+    """The TRAINING kinds' (weight, table) before the case, the same on
+    every process."""
+    rng = np.random.default_rng([seed, case.index, 99])
+    return [rng.integers(-3, 4, size=shape).astype(case.dtype) for shape in ((3, 2), (5, 2))]
+
+
+def batch(seed, case, rank, step):
+    """Process `rank`'s (x, c, ids, d) for the optimizer's call `step` (the
+    tape's: 0)."""
+    rng = np.random.default_rng([seed, case.index, rank, step, 5])
+    rows = case.rows[rank]
+    return (rng.integers(-3, 4, size=(rows, 3)).astype(case.dtype),
+            rng.integers(-2, 3, size=(rows, 2)).astype(case.dtype),
+            rng.integers(0, 5, size=(rows,)).astype(np.int32),
+            rng.integers(-2, 3, size=(rows, 2)).astype(case.dtype))
+
+
+def local_gradients(seed, case, rank, step):
+    """(weight's, table's densified) gradients of one process's loss."""
+    x, c, ids, d = (value.astype(np.float64) if value.dtype != np.int32 else value
+                    for value in batch(seed, case, rank, step))
+    table = np.zeros((5, 2))
+    np.add.at(table, ids, d)
+    return [x.T @ c, table]
+
+
+def _trained(seed, case, members):
+    """The TRAINING kinds' results: the tape's all-reduced gradients, or
+    the variables after the optimizer's `steps` calls (each Nth of
+    `passes` applying the all-reduce of every process's sum, or mean, of
+    its last N passes' gradients)."""
+    group = len(members)
+
+    def all_reduced(per_member):
+        total = [sum(parts) for parts in zip(*per_member)]
+        return [value / group for value in total] if case.op == "Average" else total
+
+    if case.kind == "tape":
+        return all_reduced([local_gradients(seed, case, member, 0) for member in members])
+    variables = [value.astype(np.float64) for value in initial_variables(seed, case)]
+    for step in range(case.passes - 1, case.steps, case.passes):
+        window = range(step - case.passes + 1, step + 1)
+        per_member = [[sum(parts) / (case.passes if case.average_passes else 1)
+                       for parts in zip(*(local_gradients(seed, case, member, s)
+                                          for s in window))] for member in members]
+        variables = [value - LEARNING_RATE * update
+                     for value, update in zip(variables, all_reduced(per_member))]
+    return variables
+
+
 def expected(seed, case, size, rank):
     """What process `rank` must get (module doc)."""
     members = list(case.members or range(size))
     if rank not in members:
         return ("absent", None)
+    if case.kind in TRAINING:
+        if case.predivide != 1.0 and not case.sparse_as_dense and case.passes == 1:
+            return ("refused", "predivided")  # the table's IndexedSlices: Horovod's refusal
+        return ("value", [value.astype(case.dtype) for value in _trained(seed, case, members)])
     group = len(members)
     place = members.index(rank)
     given = [inputs(seed, case, member) for member in members]
@@ -243,6 +333,8 @@ def matches(case, found, wanted):
         values = np.asarray(got["values"], np.float64).reshape(want.shape)
         target = want.astype(np.float64)
         tolerance = TOLERANCE.get(case.dtype, 0.0)
+        if case.kind in TRAINING and case.compression == "fp16":  # means sent in float16
+            tolerance = TOLERANCE["float16"]
         if not np.allclose(values, target, rtol=tolerance, atol=tolerance, equal_nan=True):
             return False
     return True
@@ -282,6 +374,8 @@ def judged(seed, cases, size, records):
             continue
         wrong = [rank for rank in members
                  if not matches(case, found[rank]["results"], wanted[rank][1])
+                 or (case.kind == "tape"  # the table's gradient: IndexedSlices, as Horovod's
+                     and found[rank]["sparse"] != (not case.sparse_as_dense))
                  or (case.gradient and not matches(case, found[rank]["gradients"], [
                      expected_gradient(seed, case, size, rank, wanted[rank][1][0].shape)]))]
         if wrong:

@@ -50,6 +50,44 @@ def call(case, tensors, sets):
                                      **options)
 
 
+def trained(seed, case, sets):
+    """A TRAINING case (tests/generated_horovod.py): (the results, whether
+    the tape's table gradient is IndexedSlices)."""
+    options = {"op": getattr(hvd, case.op), "sparse_as_dense": case.sparse_as_dense,
+               "gradient_predivide_factor": case.predivide,
+               "compression": hvd.Compression.fp16 if case.compression == "fp16"
+               else hvd.Compression.none}
+    if case.members:
+        options["process_set"] = sets[case.members]
+    weight, table = (tf.Variable(value) for value in gh.initial_variables(seed, case))
+
+    def gradients(x, c, ids, d):
+        with tf.GradientTape() as tape:
+            loss = (tf.reduce_sum(tf.matmul(x, weight) * c)
+                    + tf.reduce_sum(tf.gather(table, ids) * d))
+        if case.kind == "tape":
+            tape = hvd.DistributedGradientTape(tape, **options)
+        return tape.gradient(loss, [weight, table])
+
+    batches = [[tf.constant(value) for value in gh.batch(seed, case, hvd.rank(), step)]
+               for step in range(case.steps)]
+    if case.kind == "tape":
+        found = (tf.function(gradients) if case.traced else gradients)(*batches[0])
+        return ([found[0], tf.convert_to_tensor(found[1])],
+                isinstance(found[1], tf.IndexedSlices))
+    optimizer = hvd.DistributedOptimizer(
+        tf.keras.optimizers.SGD(gh.LEARNING_RATE), backward_passes_per_step=case.passes,
+        average_aggregated_gradients=case.average_passes, **options)
+
+    def step(*given):
+        optimizer.apply_gradients(zip(gradients(*given), [weight, table]))
+
+    step = tf.function(step) if case.traced else step
+    for given in batches:
+        step(*given)
+    return [tf.convert_to_tensor(weight), tf.convert_to_tensor(table)], None
+
+
 def described(tensor):
     value = tensor.numpy()
     return {"shape": list(value.shape), "dtype": tensor.dtype.name,
@@ -68,6 +106,14 @@ def main():
     for case in cases:
         if case.members and hvd.rank() not in case.members:
             found.append({"absent": True})
+            continue
+        if case.kind in gh.TRAINING:
+            try:
+                results, sparse = trained(seed, case, sets)
+                found.append({"results": [described(result) for result in results],
+                              "sparse": sparse})
+            except Exception as error:
+                found.append({"error": type(error).__name__, "message": str(error)[:3000]})
             continue
         tensors = [tf.constant(value) for value in gh.inputs(seed, case, hvd.rank())]
 

@@ -97,7 +97,7 @@ def callbacks_of(keras, directory, epochs_run, rank):
 
         def on_train_batch_begin(self, batch, logs=None):
             if batch == 1:
-                fault_points.reach(rank, "batch", epoch_now["epoch"])
+                fault_points.at_batch(rank, epoch_now["epoch"])
 
     backup_callback = keras.callbacks.BackupAndRestore(backup)
     planned = fault_points.planned(rank)

@@ -9,6 +9,12 @@ test_generated_faults.py):
              `tf.train.CheckpointManager`
     horovod  tests/horovod_scripts/checkpoint_resume.py: Horovod's Keras
              checkpoint pattern on rank 0
+    elastic  tests/horovod_scripts/elastic_training.py: Horovod's elastic
+             API, its commits in the job's directory (TFDTAPE_LAUNCH_DIR)
+
+A job's arguments follow the directory on its script's command line (the
+elastic script takes its arguments alone: the directory is its
+TFDTAPE_LAUNCH_DIR).
 """
 
 import os
@@ -23,7 +29,8 @@ import loopback
 HERE = pathlib.Path(__file__).resolve().parent
 SCRIPTS = {"fit": HERE / "keras_saving_process.py",
            "loop": HERE / "checkpoint_loop_process.py",
-           "horovod": HERE / "horovod_scripts" / "checkpoint_resume.py"}
+           "horovod": HERE / "horovod_scripts" / "checkpoint_resume.py",
+           "elastic": HERE / "horovod_scripts" / "elastic_training.py"}
 TIME_LIMIT_SECONDS = 300
 _whole = {}
 
@@ -48,22 +55,27 @@ def launch(job, directory, *arguments, processes=2, restarts=0, env=None):
     environment.pop("TF_CONFIG", None)
     recorder = ([str(HERE / "recorded_process.py")]
                 if exercise_recorder.ENVIRONMENT in environment else [])
+    if job == "elastic":
+        environment["TFDTAPE_LAUNCH_DIR"] = str(directory)
+    else:
+        arguments = (str(directory), *arguments)
     completed = subprocess.run(
         [sys.executable, "-m", "tfdtape", "launch", "-np", str(processes), "--grace", "3",
          "--max-restarts", str(restarts), sys.executable, *recorder, str(SCRIPTS[job]),
-         str(directory), *arguments],
+         *arguments],
         env=environment, capture_output=True, text=True, timeout=TIME_LIMIT_SECONDS)
     return Job(status=completed.returncode, stderr=completed.stderr,
                ranks=loopback.launched_outputs(completed.stdout))
 
 
-def uninterrupted(job, tmp_path_factory):
-    """(directory, Job) of `job` on 2 processes, never interrupted; run once
-    a session."""
-    if job not in _whole:
+def uninterrupted(job, tmp_path_factory, *arguments, processes=2):
+    """(directory, Job) of `job` with `arguments` on `processes`, never
+    interrupted; run once a session."""
+    key = (job, arguments, processes)
+    if key not in _whole:
         directory = tmp_path_factory.mktemp(f"uninterrupted-{job}") / "job"
         directory.mkdir()
-        launched = launch(job, directory)
+        launched = launch(job, directory, *arguments, processes=processes)
         assert launched.status == 0, launched.stderr[-3000:]
-        _whole[job] = (directory, launched)
-    return _whole[job]
+        _whole[key] = (directory, launched)
+    return _whole[key]

@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+import fault_points
 import restart_jobs
 import tfdtape.horovod as hvd
 from keras_models import is_keras3
@@ -737,9 +738,14 @@ def test_the_refusal_names_what_each_process_issued(alone, monkeypatch):
 
 def elastic_job(form, tmp_path, fail=None):
     """Each rank's JSON of elastic_training.py FORM on 2 processes under
-    --max-restarts 1 (with FAIL=RANK:EPOCH: that rank ends on the first
-    attempt), and the launcher's stderr."""
-    environment = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", **({"FAIL": fail} if fail else {}))
+    --max-restarts 1 (with fail=(RANK, EPOCH): that rank ends with
+    os._exit as batch 1 of that epoch begins on the first attempt), and the
+    launcher's stderr."""
+    environment = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", PYTHONPATH=os.pathsep.join(
+        [str(SCRIPTS.parent), os.environ.get("PYTHONPATH", "")]))
+    if fail:
+        environment[fault_points.ENVIRONMENT] = fault_points.spec(0, fail[0], "batch", fail[1],
+                                                                  "exit")
     environment.pop("TF_CONFIG", None)
     completed = subprocess.run(
         [sys.executable, "-m", "tfdtape", "launch", "-np", "2", "--grace", "3",
@@ -761,7 +767,7 @@ def test_elastic_run_resumes_a_restarted_job_from_its_last_commit(form, tmp_path
     first `fit` step, before the state is made, averages gradients of each
     rank's own weights)."""
     uninterrupted, _ = elastic_job(form, tmp_path)
-    restarted, stderr = elastic_job(form, tmp_path, fail="1:2")
+    restarted, stderr = elastic_job(form, tmp_path, fail=(1, 2))
     assert "tfdtape launch: rank 1 exited with status 3;" in stderr
     assert "restarting every process (attempt 1 of 1)" in stderr
     for rank in (0, 1):
@@ -774,7 +780,8 @@ def test_elastic_run_resumes_a_restarted_job_from_its_last_commit(form, tmp_path
     alone = subprocess.run(
         [sys.executable, str(SCRIPTS / "elastic_training.py"), form],
         env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", AS_JOB_OF="2",
-                 TFDTAPE_LAUNCH_DIR=str(tmp_path)),
+                 TFDTAPE_LAUNCH_DIR=str(tmp_path), PYTHONPATH=os.pathsep.join(
+                     [str(SCRIPTS.parent), os.environ.get("PYTHONPATH", "")])),
         capture_output=True, text=True, timeout=300)
     assert alone.returncode == 0, alone.stderr[-3000:]
     reference = json.loads(alone.stdout.splitlines()[-1])
@@ -996,6 +1003,54 @@ def test_float16_is_scaled_in_float32_as_horovod_scales_it(alone):
     assert in_float16.tobytes() != in_float32.tobytes()  # the test tells them apart
 
 
+def test_float64_is_scaled_in_float64(alone):
+    """A scale factor meets a float64 tensor at float64's precision, as
+    Horovod's C++ scales doubles: a factor of 2/3, and the mean of three
+    accumulated passes (a generated Horovod program found both passed
+    through float32: 0.6666666865348816, 1.0000000298023224)."""
+    scaled = hvd.allreduce(tf.constant([1.0], tf.float64), op=hvd.Sum, postscale_factor=2 / 3)
+    assert scaled.numpy().tolist() == [2 / 3]
+    assert np.float64(np.float32(2 / 3)) != 2 / 3  # the test tells them apart
+    variable = tf.Variable([0.0], dtype=tf.float64)
+    optimizer = hvd.DistributedOptimizer(tf.keras.optimizers.SGD(1.0), backward_passes_per_step=3,
+                                         average_aggregated_gradients=True)
+    for _ in range(3):
+        optimizer.apply_gradients([(tf.constant([1.0], tf.float64), variable)])
+    assert variable.numpy().tolist() == [-1.0]
+    assert 3 * np.float64(np.float32(1 / 3)) != 1.0
+
+
+@pytest.mark.parametrize("traced", [False, True])
+def test_a_predivided_indexed_slices_gradient_is_refused_as_horovod(alone, traced):
+    """Horovod's tape and optimizer split an Average with a
+    gradient_predivide_factor into scale factors, which it refuses for
+    IndexedSlices: so does tfdtape, in words naming the factor the user
+    gave (not the scale factors it became); densified, the mean."""
+    table = tf.Variable(tf.ones([4, 2]))
+
+    def gradient(**options):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(tf.gather(table, [1, 1, 3]) * 3.0)
+        return hvd.DistributedGradientTape(tape, gradient_predivide_factor=2.0,
+                                           **options).gradient(loss, table)
+
+    run = tf.function(gradient) if traced else gradient
+    with pytest.raises(NotImplementedError) as raised:
+        run()
+    assert ("tfdtape: an IndexedSlices gradient was to be predivided "
+            "(tfdtape.horovod.DistributedGradientTape)") in str(raised.value)
+    assert "found gradient_predivide_factor=2.0" in str(raised.value)
+    assert "sparse_as_dense=True" in str(raised.value)
+    assert run(sparse_as_dense=True).numpy().tolist() == [[0, 0], [6, 6], [0, 0], [3, 3]]
+    optimizer = hvd.DistributedOptimizer(tf.keras.optimizers.SGD(1.0),
+                                         gradient_predivide_factor=2.0)
+    slices = tf.IndexedSlices(tf.ones([1, 2]), tf.constant([0]), tf.constant([4, 2]))
+    with pytest.raises(NotImplementedError, match="an IndexedSlices gradient was to be "
+                                                  "predivided .*DistributedOptimizer"):
+        optimizer.apply_gradients([(slices, table)])
+    assert table.numpy().tolist() == [[1, 1]] * 4  # nothing applied
+
+
 @pytest.mark.parametrize("call, message", [
     (lambda x: hvd.allreduce(x, op=hvd.Max), "IndexedSlices were to be reduced by Max"),
     (lambda x: hvd.grouped_allreduce([x, tf.ones([2])], op=hvd.Product),
@@ -1120,6 +1175,29 @@ def test_sync_batch_normalization_refuses_what_it_cannot_do(alone):
                                  hvd.SyncBatchNormalization()])
     names = [each.name for each in model.layers]
     assert len(set(names)) == 2 and all(n.startswith("sync_batch_normalization") for n in names)
+
+
+@pytest.mark.parametrize("file_name", ["model.keras"] + ([] if is_keras3(tf.keras) else
+                                                         ["model.h5"]))  # tf_keras's too
+def test_a_saved_model_with_sync_batch_normalization_loads(alone, tmp_path, file_name):
+    """Horovod's checkpoint pattern (ModelCheckpoint, then hvd.load_model on
+    a restart) with a SyncBatchNormalization layer: Keras finds the class by
+    its registered name, no custom_objects given (a generated fault found
+    the restart failing: "Could not locate class 'SyncBatchNormalization'")."""
+    import tfdtape.horovod.keras as hvd_keras
+    model = tf.keras.Sequential([tf.keras.Input((3,)), tf.keras.layers.Dense(2),
+                                 hvd.SyncBatchNormalization(momentum=0.5)])
+    model.compile(optimizer=hvd_keras.DistributedOptimizer(tf.keras.optimizers.SGD(0.1)),
+                  loss="mse")
+    model.fit(np.arange(12.0, dtype=np.float32).reshape(4, 3), np.ones((4, 2), np.float32),
+              verbose=0)
+    model.save(tmp_path / file_name)
+    for load in (hvd_keras.load_model, tf.keras.models.load_model):
+        loaded = load(tmp_path / file_name)
+        assert type(loaded.layers[1]) is hvd.SyncBatchNormalization
+        assert loaded.layers[1].momentum == 0.5
+        for found, wanted in zip(loaded.get_weights(), model.get_weights(), strict=True):
+            assert found.tobytes() == wanted.tobytes()
 
 
 def test_process_sets_in_a_job_of_one(alone):

@@ -4,9 +4,11 @@ checkpoints the whole model every epoch (ModelCheckpoint); at start rank 0
 looks for the last checkpoint, `hvd.broadcast` tells every rank its epoch,
 rank 0 resumes with `hvd.load_model` (the optimizer's state too), the
 others build the model afresh, and BroadcastGlobalVariablesCallback hands
-out rank 0's variables. FAULTS ends processes (tests/fault_points.py): at
-batch 1 of an epoch, right
-after the resume (rank 0's checkpoint loaded), after `fit`.
+out rank 0's variables. With --sync-bn after the directory, the model has a
+SyncBatchNormalization layer after its first Dense. FAULTS ends processes
+(tests/fault_points.py): at batch 1 of an epoch or inside its first
+collective, right after the resume (rank 0's checkpoint loaded), after
+`fit`.
 Prints one JSON object: the rank, the epochs this attempt ran, every model
 and optimizer variable.
 """
@@ -21,13 +23,14 @@ import tensorflow as tf
 
 import fault_points
 import tfdtape.horovod.keras as hvd
+from tfdtape.horovod import SyncBatchNormalization
 
 EPOCHS = 4
 BATCHES = 4
 ROWS = 6
 
 hvd.init()
-directory = sys.argv[1]
+directory, options = sys.argv[1], set(sys.argv[2:])
 checkpoint_format = os.path.join(directory, "checkpoint-{epoch}.keras")
 rank, size = hvd.rank(), hvd.size()
 rng = np.random.default_rng(4)
@@ -46,9 +49,12 @@ keras = tf.keras
 if resume_from_epoch > 0 and rank == 0:
     model = hvd.load_model(checkpoint_format.format(epoch=resume_from_epoch))
 else:
-    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(4, activation="tanh"),
-                              keras.layers.Dense(1)])
-    for index, weight in enumerate(model.weights):
+    normalized = [SyncBatchNormalization()] if "--sync-bn" in options else []
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(4), *normalized,
+                              keras.layers.Activation("tanh"), keras.layers.Dense(1)])
+    for index, weight in enumerate([w for layer in model.layers
+                                    if isinstance(layer, keras.layers.Dense)
+                                    for w in layer.weights]):
         weight.assign(tf.random.stateless_normal(weight.shape, seed=(rank, index)))
     model.compile(optimizer=hvd.DistributedOptimizer(keras.optimizers.SGD(0.05, momentum=0.9)),
                   loss="mse")
@@ -63,7 +69,7 @@ class Probe(keras.callbacks.Callback):
 
     def on_train_batch_begin(self, batch, logs=None):
         if batch == 1:
-            fault_points.reach(rank, "batch", self.epoch)
+            fault_points.at_batch(rank, self.epoch)
 
 
 callbacks = [Probe(), hvd.callbacks.BroadcastGlobalVariablesCallback(0),

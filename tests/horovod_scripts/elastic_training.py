@@ -8,12 +8,20 @@ argument):
   loop  a custom loop (DistributedGradientTape) under `hvd.elastic.run`
         that commits a TensorFlowKerasState at the end of every epoch.
 
+Options after the form: --process-set (on 4 processes: two copies of the
+job of 2, ranks [0, 1] and [2, 3], each a process set added with
+`hvd.add_process_set` on every attempt, whose members all-reduce their
+gradients within it; every rank ends with the same variables), --sync-bn (a
+SyncBatchNormalization layer after the first Dense: statistics over every
+process's batch).
+
 Every rank starts from weights of its own (the first `sync()` hands out
 rank 0's) and trains on its rows of each global batch; with AS_JOB_OF=N
 and no launcher, one process trains from rank 0's weights on the global
-batches of a job of N (the reference; commits go to TFDTAPE_LAUNCH_DIR). With FAIL=RANK:EPOCH
-in the environment, on the launch's first attempt (TFDTAPE_RESTART_COUNT
-0) process RANK ends with os._exit(3) as batch 1 of epoch EPOCH begins.
+batches of a job of N (the reference; commits go to TFDTAPE_LAUNCH_DIR).
+FAULTS ends processes (tests/fault_points.py): at batch 1 of an epoch or
+inside its first collective, right after the restore at the start of
+`hvd.elastic.run`'s function, after training.
 Prints one JSON object: the rank, the epochs this attempt ran, how many
 times the reset callbacks ran, every model and optimizer variable.
 """
@@ -26,38 +34,40 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 import numpy as np
 import tensorflow as tf
 
+import fault_points
 import tfdtape.horovod.keras as hvd
+from tfdtape.horovod import SyncBatchNormalization
 
 EPOCHS = 4
 BATCHES = 4
 ROWS = 6  # per rank and batch
 
 hvd.init()
-form = sys.argv[1]
+form, options = sys.argv[1], set(sys.argv[2:])
+process_set = hvd.global_process_set
+if "--process-set" in options:
+    halves = [hvd.add_process_set([0, 1]), hvd.add_process_set([2, 3])]
+    process_set = halves[hvd.rank() // 2]
 as_job_of = int(os.environ.get("AS_JOB_OF", "0"))  # alone: one device, the global batches
-rank, size = hvd.rank(), as_job_of or hvd.size()
+rank = hvd.rank()
+place = process_set.rank()  # this process's rows: its place in the job its set trains
+size = as_job_of or process_set.size()
 rng = np.random.default_rng(3)
 features = rng.normal(size=(BATCHES * ROWS * size, 3)).astype(np.float32)
 labels = features @ np.array([[1.0], [-2.0], [0.5]], np.float32) + 1.0
 share = ROWS * size if as_job_of else ROWS
-mine = np.concatenate([np.arange(b * ROWS * size + rank * ROWS, b * ROWS * size + rank * ROWS
+mine = np.concatenate([np.arange(b * ROWS * size + place * ROWS, b * ROWS * size + place * ROWS
                                  + share) for b in range(BATCHES)])
 dataset = tf.data.Dataset.from_tensor_slices((features[mine], labels[mine])).batch(share)
-failing = os.environ.get("FAIL") if os.environ.get("TFDTAPE_RESTART_COUNT") == "0" else None
-fail_rank, fail_epoch = map(int, failing.split(":")) if failing else (None, None)
-
 keras = tf.keras
-model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(4, activation="tanh"),
-                          keras.layers.Dense(1)])
-for index, weight in enumerate(model.weights):
+normalized = [SyncBatchNormalization()] if "--sync-bn" in options else []
+model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(4), *normalized,
+                          keras.layers.Activation("tanh"), keras.layers.Dense(1)])
+dense_weights = [w for layer in model.layers if isinstance(layer, keras.layers.Dense)
+                 for w in layer.weights]
+for index, weight in enumerate(dense_weights):
     weight.assign(tf.random.stateless_normal(weight.shape, seed=(rank, index)))
 epochs_run, resets = [], []
-
-
-def fault(epoch, batch):
-    if rank == fail_rank and epoch == fail_epoch and batch == 1:
-        sys.stdout.flush()
-        os._exit(3)
 
 
 def optimizer_variables(optimizer):
@@ -72,7 +82,8 @@ def report(state):
 
 
 if form == "fit":
-    optimizer = hvd.DistributedOptimizer(keras.optimizers.SGD(0.05, momentum=0.9))
+    optimizer = hvd.DistributedOptimizer(keras.optimizers.SGD(0.05, momentum=0.9),
+                                         process_set=process_set)
     model.compile(optimizer=optimizer, loss="mse")
     model.fit(dataset.take(1), epochs=1, verbose=0)  # makes the optimizer's variables
     state = hvd.elastic.KerasState(model, batch=0, epoch=0)
@@ -82,7 +93,8 @@ if form == "fit":
             epochs_run.append(state.epoch)
 
         def on_train_batch_begin(self, batch, logs=None):
-            fault(state.epoch, batch)
+            if batch == 1:
+                fault_points.at_batch(rank, state.epoch)
 
     callbacks = [Probe(), hvd.elastic.UpdateEpochStateCallback(state),
                  hvd.elastic.UpdateBatchStateCallback(state),
@@ -90,6 +102,7 @@ if form == "fit":
 
     @hvd.elastic.run
     def train(state):
+        fault_points.reach(rank, "restore")
         state.model.fit(dataset, epochs=EPOCHS - state.epoch, callbacks=callbacks, verbose=0)
 else:
     optimizer = keras.optimizers.SGD(0.05, momentum=0.9)
@@ -99,20 +112,23 @@ else:
     def step(x, y):
         with tf.GradientTape() as tape:
             loss = tf.reduce_mean((model(x) - y) ** 2)
-        tape = hvd.DistributedGradientTape(tape)
+        tape = hvd.DistributedGradientTape(tape, process_set=process_set)
         gradients = tape.gradient(loss, model.trainable_variables)
         optimizer.apply_gradients(zip(gradients, model.trainable_variables))
 
     @hvd.elastic.run
     def train(state):
+        fault_points.reach(rank, "restore")
         for epoch in range(state.epoch, EPOCHS):
             epochs_run.append(epoch)
             for batch, (x, y) in enumerate(dataset):
-                fault(epoch, batch)
+                if batch == 1:
+                    fault_points.at_batch(rank, epoch)
                 step(x, y)
             state.epoch = epoch + 1
             state.commit()
 
 state.register_reset_callbacks([lambda: resets.append(1)])
 train(state)
+fault_points.reach(rank, "after")
 report(state)

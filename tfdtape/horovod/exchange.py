@@ -247,7 +247,7 @@ def _scattered(tensors, op, prescale_factor, postscale_factor, compression, kind
 
 
 def _times(value, factor):
-    return value if factor == 1 else value * tf.cast(factor, value.dtype)
+    return value if factor == 1 else value * ops.factor_in(factor, value.dtype)
 
 
 def _own_rows(value):

@@ -76,6 +76,24 @@ def check_predivide(op, predivide, symbol):
                 "drop gradient_predivide_factor, or use op=hvd.Average")
 
 
+def check_predivided_slices(gradients, predivide, symbol):
+    """Refuses a gradient predivide factor where a gradient is IndexedSlices:
+    its pre- and postscale factors are ones Horovod, which gathers
+    IndexedSlices, refuses for them (as `check_slices` does), so Horovod's
+    tapes and optimizers raise here too.
+
+    Raises:
+        NotImplementedError: so.
+    """
+    if predivide != 1.0 and any(isinstance(gradient, tf.IndexedSlices)
+                                for gradient in gradients):
+        _refuse("an IndexedSlices gradient was to be predivided", symbol,
+                "gradient_predivide_factor=1 where a gradient is IndexedSlices (an "
+                "embedding's, tf.gather's)", f"gradient_predivide_factor={predivide}",
+                "pass sparse_as_dense=True, or leave gradient_predivide_factor at 1",
+                kind=NotImplementedError)
+
+
 def predivided(op, predivide, process_set=None):
     """(op, prescale, postscale) of Horovod's gradient predivision: Average
     with a factor f is a Sum scaled by 1/f before and f/size after (the
@@ -131,7 +149,14 @@ def _scaled(value, factor):
         return tf.cast(tf.cast(value, tf.float64) * factor, value.dtype)
     if value.dtype in (tf.float16, tf.bfloat16):
         return tf.cast(tf.cast(value, tf.float32) * factor, value.dtype)
-    return value * tf.cast(factor, value.dtype)
+    return value * factor_in(factor, value.dtype)
+
+
+def factor_in(factor, dtype):
+    """A scale factor as a tensor of `dtype`: a Python number converted at
+    that precision (a float64 factor of 2/3 keeps its 53 bits; `tf.cast`
+    of a Python number passes it through float32 first)."""
+    return tf.cast(factor, dtype) if tf.is_tensor(factor) else tf.constant(factor, dtype)
 
 
 def reduce_dense(tensor, op, prescale_factor, postscale_factor, compression, symbol):

@@ -16,6 +16,11 @@ from tfdtape import errors
 from tfdtape.horovod import ops
 
 _SYMBOL = "tfdtape.horovod.SyncBatchNormalization"
+SERIALIZED_PACKAGE = "tfdtape.horovod"
+"""The package Keras's registry files the layer under: a model saved with
+it (`model.save`, ModelCheckpoint) loads with `tf.keras.models.load_model`
+and `hvd.load_model` while tfdtape.horovod is imported, no custom_objects
+needed."""
 
 
 def synced_moments(inputs, axes, weights=None):
@@ -97,11 +102,17 @@ def _keras2_class(base):
 
 
 def _made():
+    """The class for the Keras of `tf.keras`, in Keras's registry of
+    serializable objects (where a reload of this module finds the class
+    of the first import registered, it is left there: the same layer)."""
     base = tf.keras.layers.BatchNormalization
     made = _keras2_class(base) if hasattr(base, "_calculate_mean_and_var") \
         else _keras3_class(base)
     made.__module__ = __name__
     made.__qualname__ = made.__name__
+    if tf.keras.utils.get_registered_object(
+            f"{SERIALIZED_PACKAGE}>{made.__name__}") is None:
+        made = tf.keras.utils.register_keras_serializable(package=SERIALIZED_PACKAGE)(made)
     return made
 
 

@@ -137,6 +137,8 @@ def _reduced(settings, sources, gradients):
                 reduced[index] = divided(gradient, size)
             continue
         shared.append(index)
+    ops.check_predivided_slices([reduced[index] for index in shared], settings["predivide"],
+                                "tfdtape.horovod.DistributedGradientTape")
     op, prescale, postscale = ops.predivided(settings["op"], settings["predivide"])
     # Which gradients are None is part of the check every process makes
     # first: where processes disagree, the packs would pair different

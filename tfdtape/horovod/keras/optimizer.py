@@ -64,6 +64,7 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
     op, prescale, postscale = ops.predivided(op, gradient_predivide_factor, process_set)
     settings = {"process_set": process_set,
         "op": op, "prescale": prescale, "postscale": postscale,
+        "predivide": gradient_predivide_factor,
         "compression": compression, "sparse_as_dense": sparse_as_dense,
         "passes": backward_passes_per_step, "average_passes": average_aggregated_gradients,
         "scale_local": scale_local_gradients,
@@ -144,17 +145,15 @@ def _settle(optimizer, settings):
         accumulators=None, aggregated=None, applying=False))
 
 
-_OPTIONS = ("op", "prescale", "postscale", "compression", "sparse_as_dense", "passes",
-            "average_passes", "scale_local", "process_set")
+_OPTIONS = ("op", "prescale", "postscale", "predivide", "compression", "sparse_as_dense",
+            "passes", "average_passes", "scale_local", "process_set")
+"""The settings that say how a DistributedOptimizer all-reduces."""
 
 
 def _register_local_var(self, var):
     """Horovod's: `var`'s gradient stays this process's own (not
     all-reduced; divided by the size with scale_local_gradients)."""
     self._tfdtape_horovod["local"].add(id(var))
-
-
-"""The settings that say how a DistributedOptimizer all-reduces."""
 
 
 def _loss_scale_factor(self):
@@ -351,7 +350,7 @@ def _accumulate(self, pairs, apply_reduced):
 
     def apply():
         scale = 1.0 / passes if settings["average_passes"] else 1.0
-        summed = [(accumulator * tf.cast(scale, accumulator.dtype)
+        summed = [(accumulator * ops.factor_in(scale, accumulator.dtype)
                    if gradient is not None else None, variable)
                   for (gradient, variable), accumulator in zip(pairs, accumulators)]
         applied = apply_reduced(_reduced_pairs(self, summed))
@@ -393,6 +392,8 @@ def _reduced_in_set(settings, pairs):
             gradients[index] = tape_lib.divided(gradient, collectives.size())
     present = [index for index, gradient in enumerate(gradients)
                if gradient is not None and not local[index]]
+    ops.check_predivided_slices([gradients[index] for index in present], settings["predivide"],
+                                "tfdtape.horovod.DistributedOptimizer")
     absent = tuple(index for index, gradient in enumerate(gradients)
                    if gradient is None and not local[index])
     with tf.name_scope("DistributedOptimizer_Allreduce"):
