@@ -88,6 +88,14 @@ def trained(seed, case, sets):
     return [tf.convert_to_tensor(weight), tf.convert_to_tensor(table)], None
 
 
+def tensor_of(value, dtype):
+    """`value` as a tensor of `dtype` (bfloat16 through float32, exact for
+    the oracle's small integers: TensorFlow 2.12 takes no NumPy bfloat16)."""
+    if dtype == "bfloat16":
+        return tf.cast(tf.constant(value.astype(np.float32)), tf.bfloat16)
+    return tf.constant(value)
+
+
 def described(tensor):
     value = tensor.numpy()
     return {"shape": list(value.shape), "dtype": tensor.dtype.name,
@@ -115,12 +123,13 @@ def main():
             except Exception as error:
                 found.append({"error": type(error).__name__, "message": str(error)[:3000]})
             continue
-        tensors = [tf.constant(value) for value in gh.inputs(seed, case, hvd.rank())]
+        tensors = [tensor_of(value, case.dtype) for value in gh.inputs(seed, case, hvd.rank())]
 
         wanted = gh.expected(seed, case, hvd.size(), hvd.rank())
         differentiated = case.gradient and wanted[0] == "value"
+        shapes = [value.shape for value in wanted[1]] if differentiated else []
 
-        def run(*given, case=case, wanted=wanted, differentiated=differentiated):
+        def run(*given, case=case, shapes=shapes, differentiated=differentiated):
             """The results and, for a case with a gradient, the gradient of
             sum(result * coefficients) for the inputs (the coefficients of
             the shape the result must have: traced, it may be unknown)."""
@@ -128,8 +137,8 @@ def main():
                 tape.watch(given)
                 results = call(case, list(given), sets)
                 loss = tf.add_n([tf.reduce_sum(result * gh.coefficients(
-                    seed, case, value.shape)) for result, value in zip(
-                        results, wanted[1])]) if differentiated else None
+                    seed, case, shape)) for result, shape in zip(
+                        results, shapes)]) if differentiated else None
             return results, tape.gradient(loss, list(given)) if differentiated else []
 
         try:
