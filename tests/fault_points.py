@@ -1,5 +1,6 @@
 """Where a planned fault ends a process of a job under `tfdtape launch`
-(the job scripts of tests/generated_faults.py call `reach` at each point).
+(the job scripts of tests/generated_faults.py call `reach` at each point,
+`at_batch` as batch 1 of an epoch begins).
 
 FAULTS in the environment lists the faults, comma-separated, each
 ATTEMPT:RANK:MOMENT:EPOCH:WAY: on launch attempt ATTEMPT
@@ -14,7 +15,10 @@ WAY. The moments a script offers:
              while every process that is no victim holds back
              HOLD_SECONDS before the batch, so the victim waits in the
              collective for it (one victim: a collective in which every
-             process waits has no one late to wait for)
+             process waits has no one late to wait for); the victim first
+             writes to stderr where its main thread is (INSIDE_WORDS,
+             the innermost Python frame's file and function: TensorFlow's
+             code running the step, not the script's)
     save     inside the epoch's backup, between its weights and its
              metadata (the script's own way of writing half a backup)
     restore  inside the restore at the start of the attempt (epoch: any)
@@ -39,6 +43,7 @@ ANY_EPOCH = -1
 GRACE_SECONDS = 3
 ARM_SECONDS = 1.0
 HOLD_SECONDS = 4.0
+INSIDE_WORDS = "fault_points: ended inside"
 
 
 def spec(attempt, rank, moment, epoch, way):
@@ -93,9 +98,17 @@ def at_batch(rank, epoch):
     reach(rank, "batch", epoch)
     way = due(rank, "collective", epoch)
     if way is not None:
-        threading.Timer(ARM_SECONDS, end, [way]).start()
+        main = threading.get_ident()
+        threading.Timer(ARM_SECONDS, _end_inside, [main, way]).start()
     elif _victims_in_collective(epoch):
         time.sleep(HOLD_SECONDS)
+
+
+def _end_inside(thread, way):
+    frame = sys._current_frames()[thread]
+    print(f"{INSIDE_WORDS} {frame.f_code.co_filename}:{frame.f_code.co_name}",
+          file=sys.stderr)
+    end(way)
 
 
 def end(way):

@@ -8,6 +8,9 @@ search by hand is `pytest tests/test_generated_faults.py --fault-seed S
 --fault-cases N` (docs/testing.md).
 """
 
+import os
+import re
+
 import pytest
 import tensorflow as tf
 
@@ -60,6 +63,9 @@ def test_a_faulted_job_ends_as_the_uninterrupted_job(case, tmp_path, tmp_path_fa
     assert job.stderr.count("restarting every process") == case.restarts(), (
         f"{where}: a fault was not reached\n{job.stderr[-3000:]}")
     assert sorted(job.ranks) == list(range(case.processes)), where
+    inside = re.findall(rf"{fault_points.INSIDE_WORDS} (\S+):(\w+)", job.stderr)
+    assert len(inside) == sum(fault.moment == "collective" for fault in case.faults), where
+    assert all(f"{os.sep}tensorflow{os.sep}" in path for path, _ in inside), (where, inside)
     for rank, result in job.ranks.items():
         assert result["variables"] == whole.ranks[0]["variables"], f"{where}: rank {rank}"
         assert result["epochs"] == case.resumed_epochs(), f"{where}: rank {rank}'s epochs"
