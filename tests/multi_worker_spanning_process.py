@@ -129,9 +129,10 @@ def run_case(strategy, task, case):
 
 def transfers_of_no_rows(strategy, task):
     """What the job's collectives give for tensors of no elements made from
-    NumPy, and for worker 0's batch of no rows beside worker 1's two
+    NumPy (a new variable's initial value too, and the variable made after
+    it), and for worker 0's batch of no rows beside worker 1's two
     (tfdtape.empty_collectives; stock TensorFlow 2.21 ends the process):
-    each result's shape and values."""
+    each result's shape and values, and where the variable's component is."""
     def empty():
         return tf.constant(np.empty((0, 3), np.float32))
 
@@ -142,7 +143,12 @@ def transfers_of_no_rows(strategy, task):
         return strategy.run(lambda: tf.distribute.get_replica_context().all_reduce(
             "SUM", empty()))
 
+    with strategy.scope():  # the chief's initial values, broadcast
+        created = tf.Variable(np.zeros((0, 3), np.float32))
+        following = tf.Variable(np.full([2], float(task + 1), np.float32))
     found = {
+        "variable": strategy.experimental_local_results(created)[0],
+        "variable_after": strategy.experimental_local_results(following)[0],
         "reduce": strategy.reduce("SUM", strategy.run(empty), axis=None),
         "all_reduce": strategy.experimental_local_results(all_reduced())[0],
         "gather": strategy.gather(strategy.run(empty), axis=0),
@@ -150,8 +156,10 @@ def transfers_of_no_rows(strategy, task):
             lambda: strategy.gather(strategy.run(empty), axis=0))(),
         "gather_uneven": strategy.gather(strategy.run(rows), axis=0),
     }
-    return {name: [list(value.shape), value.numpy().tolist()]
-            for name, value in found.items()}
+    report = {name: [list(value.shape), value.numpy().tolist()]
+              for name, value in found.items()}
+    report["variable_device"] = strategy.experimental_local_results(created)[0].device
+    return report
 
 
 def main():

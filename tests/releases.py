@@ -29,11 +29,13 @@ def unresolved_container_error(call):
     return SystemError, "<built-in method "
 
 
-def empty_all_gather_ends_the_process():
-    """Whether stock TensorFlow's collective all-gather of a tensor of no
-    elements ends the process with SIGSEGV (tfdtape.empty_collectives):
-    measured on 2.21 and the pinned 2.23 nightly (it does), and on 2.12.1
-    (it gathers the tensor); None for the releases between, not measured."""
+def empty_collectives_end_the_process():
+    """Whether stock TensorFlow's collectives end the process with SIGSEGV
+    on a tensor of no elements (tfdtape.empty_collectives): an all-gather,
+    and MultiWorkerMirroredStrategy's broadcast of a new variable's initial
+    value made from NumPy; measured on 2.21 and the pinned 2.23 nightly
+    (they do), and on 2.12.1 (both transfer the tensor); None for the
+    releases between, not measured."""
     if RELEASE >= (2, 21):
         return True
     if RELEASE <= (2, 12):

@@ -160,8 +160,8 @@ with testing.stock():
 @pytest.mark.per_release(False)
 def test_stock_tensorflow_ends_the_process_on_the_same_gather():
     """The control: TensorFlow as it ships, on one of the tests' calls (2.12
-    gathered such a tensor; releases.empty_all_gather_ends_the_process)."""
-    crashes = releases.empty_all_gather_ends_the_process()
+    gathered such a tensor; releases.empty_collectives_end_the_process)."""
+    crashes = releases.empty_collectives_end_the_process()
     if crashes is None:
         pytest.skip(f"stock TensorFlow {tf.__version__} was not measured on this gather")
     completed = subprocess.run([sys.executable, "-c", STOCK_GATHER], capture_output=True,

@@ -25,6 +25,7 @@ import pytest
 import tensorflow as tf
 
 import loopback
+import releases
 import worker_training as wt
 from keras_models import is_keras3
 from tfdtape.cli import run_report
@@ -144,9 +145,42 @@ def test_collectives_of_no_rows_give_numpys_result_on_every_worker(two_workers_r
     worker 1's two rows gathers as NumPy concatenates them."""
     no_rows = [[0, 3], []]
     for report in two_workers_reports:
+        device = f"/job:worker/replica:0/task:{report['task']}/device:CPU:0"
         assert report["no_rows"] == {
+            "variable": no_rows, "variable_after": [[2], [1.0, 1.0]],  # the chief's
+            "variable_device": device,
             "reduce": no_rows, "all_reduce": no_rows, "gather": no_rows,
             "gather_traced": no_rows, "gather_uneven": [[2, 3], [[2.0] * 3] * 2]}
+
+
+STOCK_VARIABLE = """
+import numpy as np, tensorflow as tf
+strategy = tf.distribute.MultiWorkerMirroredStrategy()
+with strategy.scope():
+    tf.Variable(np.zeros((0, 3), np.float32))
+print("created", flush=True)
+"""
+
+
+def test_stock_tensorflow_ends_the_chief_making_a_variable_of_no_elements():
+    """The control of the variable above: TensorFlow as it ships broadcasts
+    its initial value with its own collective ops (2.12 transfers it;
+    releases.empty_collectives_end_the_process)."""
+    crashes = releases.empty_collectives_end_the_process()
+    if crashes is None:
+        pytest.skip(f"stock TensorFlow {tf.__version__} was not measured on this broadcast")
+    environment = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", TFDTAPE_AUTOINSTALL="0")
+    environment.pop("TF_CONFIG", None)
+    completed = subprocess.run(
+        [sys.executable, "-m", "tfdtape", "launch", "-np", "2", "--grace", "3",
+         sys.executable, "-c", STOCK_VARIABLE],
+        capture_output=True, text=True, env=environment, timeout=TIME_LIMIT)
+    if crashes:
+        assert "rank 0 exited with status 139" in completed.stderr, completed.stderr[-2000:]
+        assert "[0]<stdout>:created" not in completed.stdout
+    else:
+        assert completed.returncode == 0, completed.stderr[-2000:]
+        assert completed.stdout.count("<stdout>:created") == 2
 
 
 def test_a_variable_the_loss_does_not_use_is_none_on_every_worker(two_workers):

@@ -27,6 +27,15 @@ pads it when it runs, the tensor itself sent otherwise. All members then
 send the same shape. Each replacement calls TensorFlow's function exactly
 once, so every process takes the same collective instance keys in the same
 order.
+
+A new variable's initial value is broadcast from the chief by
+`CollectiveAllReduceExtended._get_variable_creator_initial_value`, which
+calls TensorFlow's collective ops directly: one of no elements made from
+NumPy ends the chief with SIGSEGV there (2.21). The replacement evaluates
+the initial value first and, where its static shape says it has no
+elements, gives it as it is on every worker (there is nothing to
+broadcast) without calling TensorFlow's function; every other value goes
+to TensorFlow's, evaluated once.
 """
 
 import functools
@@ -34,11 +43,13 @@ import functools
 from tensorflow.python.framework import ops
 from tensorflow.python.framework import tensor_util
 from tensorflow.python.ops import array_ops
+from tensorflow.python.trackable import base as trackable_base
 
 from tfdtape import compat
 
 ALL_REDUCE_PARAMETERS = ("self", "input_tensor", "control_input", "options")
 ALL_GATHER_PARAMETERS = ("self", "input_tensor", "options")
+INITIAL_VALUE_PARAMETERS = ("self", "replica_id", "device", "primary_var", "kwargs")
 
 
 def _as_tensor(launcher, value):
@@ -109,3 +120,34 @@ def make_all_gather(original):
                 own, array_ops.concat([[self._group_size * shape[0]], shape[1:]], 0))
 
     return _all_gather
+
+
+def make_variable_creator_initial_value(original):
+    """`CollectiveAllReduceExtended._get_variable_creator_initial_value`: an
+    initial value of no elements is not broadcast (the module's rule)."""
+
+    @functools.wraps(original)
+    def _get_variable_creator_initial_value(self, replica_id, device, primary_var, **kwargs):
+        """TensorFlow's initial-value function of a new variable's
+        component; on a worker's first replica of a job of several workers,
+        one that evaluates the initial value and gives it unbroadcast where
+        it has no elements."""
+        if replica_id != 0 or self._num_workers <= 1:
+            return original(self, replica_id, device, primary_var, **kwargs)
+
+        def initial_value_fn():
+            with ops.device(device):
+                value = kwargs["initial_value"]
+                if callable(value):
+                    value = value()
+                restored = isinstance(value, trackable_base.CheckpointInitialValue)
+                tensor = ops.convert_to_tensor(value.wrapped_value if restored else value,
+                                               dtype=kwargs.get("dtype", None))
+            if tensor.shape.num_elements() == 0:
+                return tensor
+            given = dict(kwargs, initial_value=value)  # evaluated once: the same draw
+            return original(self, replica_id, device, primary_var, **given)()
+
+        return initial_value_fn
+
+    return _get_variable_creator_initial_value
