@@ -1,6 +1,7 @@
 """Run under `tfdtape launch -np N`: the processes call collectives that
-differ (in kind, op, root, dtype, shape, count, name, which gradients are None, or
-one extra collective); every process must refuse each of them with the same
+differ (in kind, op, root, dtype, shape, count, name, which gradients are
+None (IndexedSlices on one process), or one extra collective); every
+process must refuse each of them with the same
 error, and the job must go on afterwards. Prints one JSON line per case:
 the error's type and the part of its message that names the difference.
 Argument: eager or tf_function."""
@@ -26,6 +27,21 @@ def none_on_one_rank():
     return hvd.DistributedGradientTape(tape).gradient(loss, [a, b])
 
 
+embedding = tf.Variable(tf.ones([3, 2]))
+
+
+def slices_on_one_rank():
+    """Rank 0's embedding gradient is IndexedSlices, the others' None (the
+    check must come before the IndexedSlices' gathers). Eagerly only: in a
+    tf.function it is refused alike too, but rank 0's graph took keys for
+    its gathers, and the job cannot go on (as after LAST)."""
+    with tf.GradientTape() as tape:
+        loss = tf.reduce_sum(a ** 2)
+        if rank == 0:
+            loss += tf.reduce_sum(tf.gather(embedding, [0, 2]))
+    return hvd.DistributedGradientTape(tape).gradient(loss, [a, embedding])
+
+
 CASES = {
     "kind": lambda: hvd.allreduce(tf.ones([2])) if rank == 0 else hvd.broadcast(
         tf.ones([2]), 0),
@@ -46,6 +62,9 @@ CASES = {
         tf.ones([4], tf.int32 if rank == 0 else tf.float32)),
     "none_on_one_rank": none_on_one_rank,
 }
+traced = sys.argv[1:] == ["tf_function"]
+if not traced:  # traced, rank 0's graph holds the gathers too: like LAST below
+    CASES["slices_on_one_rank"] = slices_on_one_rank
 CASES["scalar_on_one_rank"] = lambda: hvd.allgather(
     tf.constant(1.0) if rank == 0 else tf.ones([1]))
 CASES["splits_on_one_rank"] = lambda: hvd.alltoall(
@@ -58,7 +77,6 @@ LAST = ("extra", lambda: ([hvd.allreduce(tf.ones([3]))] if rank == 0 else []) + 
 last, as the job cannot go on after it in a tf.function (each process's
 graph took as many keys as it has collectives)."""
 
-traced = sys.argv[1:] == ["tf_function"]
 for name, case in [*CASES.items(), LAST]:
     def call(case=case):
         case()  # Nothing returned: a tf.function may not return an Operation.

@@ -21,7 +21,6 @@ none is left waiting on a collective that never comes.
 
 import zlib
 
-import numpy as np
 import tensorflow as tf
 
 from tfdtape import errors
@@ -36,6 +35,7 @@ REFUSALS = ("nothing", "a scalar to gather", "a scalar to reduce-scatter", "a sc
 """What a process may be about to refuse, by the code its description carries."""
 _FIELDS = ("kind of collective", "reduction op", "root rank", "number of tensors", "dtypes",
            "shapes", "gradients that are None", "name") + ("shape",) * 7
+_NONE_FIELD = _FIELDS.index("gradients that are None")
 _GROUP_FIELDS = 8  # The fields that describe a group of tensors (and ride in one).
 _SINGLE_SHAPE = _GROUP_FIELDS  # Where a single tensor's shape as run starts: its rank, 6 dims.
 _ROWS = len(_FIELDS)  # The slot after the compared fields: an all-gather's rows.
@@ -171,12 +171,10 @@ def checked(differs, results, symbol, describe_again):
         if bool(tf.reduce_any(differs)):
             agreed(describe_again(), symbol)
             raise tf.errors.FailedPreconditionError(None, None, _message(
-                symbol, _FIELDS[int(tf.argmax(tf.cast(differs, tf.int32)))],
-                "a difference"))
+                symbol, _FIELDS[int(_named_field(differs))], "a difference"))
         return results
     text = tf.gather(tf.constant([_message(symbol, name, "a difference")
-                                  for name in _FIELDS[:_GROUP_FIELDS]]),
-                     tf.argmax(tf.cast(differs, tf.int32)))
+                                  for name in _FIELDS[:_GROUP_FIELDS]]), _named_field(differs))
     check = tf.debugging.Assert(tf.logical_not(tf.reduce_any(differs)), [text])
     with tf.control_dependencies([check]):
         return [tf.identity(result) if not isinstance(result, tf.IndexedSlices) else
@@ -211,13 +209,12 @@ def agreed(description, symbol, refusal=None):
                 symbol, "refused " + ", ".join(
                     f"process {rank}: {REFUSALS[code]}" for rank, code in enumerate(codes))))
         if differs.numpy().any():
-            field = int(np.argmax(differs.numpy()))
+            field = int(_named_field(differs))
             raise tf.errors.FailedPreconditionError(None, None, _message(
                 symbol, _FIELDS[field], _found(field, everyone.numpy())))
         return everyone
     text = tf.gather(tf.constant([_message(symbol, name, "a difference")
-                                  for name in _FIELDS]),
-                     tf.argmax(tf.cast(differs, tf.int32)))
+                                  for name in _FIELDS]), _named_field(differs))
     none_refused = tf.debugging.Assert(
         tf.reduce_all(tf.equal(refused, 0)),
         [_refused_message(symbol, "a refusal on a process"), "what each process refused:",
@@ -228,6 +225,15 @@ def agreed(description, symbol, refusal=None):
                                     summarize=-1)
     with tf.control_dependencies([check]):
         return tf.identity(everyone)
+
+
+def _named_field(differs):
+    """The index of the field an error names among those that `differs`
+    (a bool per field): the gradients that are None where they differ (the
+    tensors' number, dtypes and shapes then differ because of them), else
+    the first."""
+    first = tf.argmax(tf.cast(differs, tf.int32), output_type=tf.int32)
+    return tf.where(differs[_NONE_FIELD], tf.constant(_NONE_FIELD, tf.int32), first)
 
 
 def _shape_as_run(row):

@@ -142,7 +142,10 @@ def check_slices(tensors, op, prescale_factor, postscale_factor, symbol):
 def _scaled(value, factor):
     """`value` times `factor`; an integer tensor is scaled as float64 and
     truncated back to its dtype (a factor of 0.5 halves it, not zeroes it),
-    a 16-bit float as float32 and rounded back, as Horovod scales them."""
+    a 16-bit float as float32 and rounded back, as Horovod scales them. The
+    factor keeps its Python float's 53 bits; Horovod's travels as a float32
+    attribute (2/3 is 0.6666666865 there: in float64 results, and 10 x 0.7
+    truncates to 6 in integers where this gives 7), docs/horovod.md."""
     if factor == 1.0:
         return value
     if value.dtype.is_integer:
@@ -294,23 +297,37 @@ def reduce_group(tensors, op, prescale_factor=1.0, postscale_factor=1.0,
         riders = [negotiation.rider(kind, tensors, carrier, op, absent)]
     else:  # with no tensors too: every process issues the check
         everyone = negotiated(kind, tensors, symbol, op=op, absent=absent)
-    results = [None] * len(tensors)
-    for index, tensor in enumerate(tensors):
-        if index not in dense:
-            results[index] = _reduced_slices(tensor, op)
     reduced = fusion.fused(
         riders + [after(everyone, tensors[index]) for index in dense],
         lambda pack: reduce_dense(pack, op, prescale_factor, postscale_factor, compression,
                               symbol),
         wire_dtype=compression.wire_dtype)
-    for index, value in zip(dense, reduced[len(riders):]):
+    dense_results = reduced[len(riders):]
+    if riders:
+        scale = prescale_factor * postscale_factor / (collectives.size() if op == Average else 1)
+        dense_results = negotiation.checked(
+            negotiation.rider_differs(reduced[0], scale), dense_results, symbol,
+            lambda: negotiation.describe(kind, tensors, op=op, absent=absent))
+    results = [None] * len(tensors)
+    for index, value in zip(dense, dense_results):
         results[index] = value
-    if not riders:
-        return results
-    scale = prescale_factor * postscale_factor / (collectives.size() if op == Average else 1)
-    return negotiation.checked(
-        negotiation.rider_differs(reduced[0], scale), results, symbol,
-        lambda: negotiation.describe(kind, tensors, op=op, absent=absent))
+    # IndexedSlices are gathered once the check passed: processes that
+    # disagree on them (one has a gradient, another None) must not meet in
+    # different gathers first.
+    checked = [everyone] if everyone is not None else list(dense_results)
+    for index, tensor in enumerate(tensors):
+        if index not in dense:
+            results[index] = _reduced_slices(_slices_after(checked, tensor), op)
+    return results
+
+
+def _slices_after(checked, slices):
+    """`slices`, computed after the tensors `checked` (in a graph)."""
+    if not checked or tf.executing_eagerly():
+        return slices
+    with tf.control_dependencies(checked):
+        return tf.IndexedSlices(tf.identity(slices.values), tf.identity(slices.indices),
+                                slices.dense_shape)
 
 
 def _rider_dtype(dense, op, compression):

@@ -103,17 +103,18 @@ def _keras2_class(base):
 
 def _made():
     """The class for the Keras of `tf.keras`, in Keras's registry of
-    serializable objects (where a reload of this module finds the class
-    of the first import registered, it is left there: the same layer)."""
+    serializable objects; where the registry holds it already (this module
+    reloaded), that class, so that what is saved loads as what was built."""
+    registered = tf.keras.utils.get_registered_object(
+        f"{SERIALIZED_PACKAGE}>SyncBatchNormalization")
+    if registered is not None:
+        return registered
     base = tf.keras.layers.BatchNormalization
     made = _keras2_class(base) if hasattr(base, "_calculate_mean_and_var") \
         else _keras3_class(base)
     made.__module__ = __name__
     made.__qualname__ = made.__name__
-    if tf.keras.utils.get_registered_object(
-            f"{SERIALIZED_PACKAGE}>{made.__name__}") is None:
-        made = tf.keras.utils.register_keras_serializable(package=SERIALIZED_PACKAGE)(made)
-    return made
+    return tf.keras.utils.register_keras_serializable(package=SERIALIZED_PACKAGE)(made)
 
 
 SyncBatchNormalization = _made()

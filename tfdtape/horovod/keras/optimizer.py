@@ -349,11 +349,13 @@ def _accumulate(self, pairs, apply_reduced):
         done = settings["passes_done"].assign_add(1)
 
     def apply():
-        scale = 1.0 / passes if settings["average_passes"] else 1.0
-        summed = [(accumulator * ops.factor_in(scale, accumulator.dtype)
-                   if gradient is not None else None, variable)
+        summed = [(tf.identity(accumulator) if gradient is not None else None, variable)
                   for (gradient, variable), accumulator in zip(pairs, accumulators)]
-        applied = apply_reduced(_reduced_pairs(self, summed))
+        reduced = _reduced_pairs(self, summed)
+        if settings["average_passes"]:  # as Horovod: the all-reduced sum divided by N
+            reduced = [(None if gradient is None else gradient / passes, variable)
+                       for gradient, variable in reduced]
+        applied = apply_reduced(reduced)
         with tf.control_dependencies([applied] if isinstance(applied, tf.Operation)
                                      else []):
             resets = [accumulator.assign(tf.zeros_like(accumulator))
